@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""The README's two commands, for a fresh machine with only Python 3.11+.
+
+    python3 scripts/dev.py up     # start Rackscale locally
+    python3 scripts/dev.py test   # lint + the whole test suite
+
+Both create `.venv` and install the project (with its dev extras) on first use, and reinstall when
+`pyproject.toml` changes. Standard library only: this runs before anything is installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+STAMP = VENV / ".rackscale-install-stamp"
+
+
+def _venv_python() -> Path:
+    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def ensure_env() -> Path:
+    """Create the virtualenv and install the project unless pyproject.toml is unchanged since."""
+    if sys.version_info < (3, 11):
+        sys.exit(f"Rackscale needs Python 3.11+, this is {sys.version.split()[0]}")
+    py = _venv_python()
+    if not py.exists():
+        print(f"creating virtualenv in {VENV}", flush=True)
+        venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    if not STAMP.exists() or STAMP.read_text() != digest:
+        print("installing rackscale and its dev dependencies", flush=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "-e", f"{ROOT}[dev]"], check=True)
+        STAMP.write_text(digest)
+    return py
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in ("up", "test"):
+        print(__doc__)
+        return 2
+    py = ensure_env()
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "test":
+        lint = subprocess.run([str(py), "-m", "ruff", "check", "shared", "services", "tests", "bench", "scripts"],
+                              cwd=ROOT)
+        tests = subprocess.run([str(py), "-m", "pytest", *rest], cwd=ROOT)
+        return lint.returncode or tests.returncode
+    return subprocess.run([str(py), "-m", "services.cli", "up", *rest], cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
