@@ -1,0 +1,48 @@
+"""The pure placement core: topology, job shapes, scratch state, statements, policies and the cycle.
+
+No asyncio, NATS, Redis or clock in here (tests/unit/test_core_purity.py checks it): `now` and the
+state come in, decisions come out. The services, the simulator and the benchmarks all call this code.
+"""
+
+from shared.core.cycle import CycleConfig, CycleResult, Scheduler, TenantPolicy, order_jobs
+from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve
+from shared.core.policies import POLICIES, Context, Placement, Policy, get_policy
+from shared.core.shape import JobSpec, Need, Request, ShapeError, Slice, request
+from shared.core.state import Allocation, ClusterState, StateError
+from shared.core.statement import Statement
+from shared.core.topology import GpuState, Health, NodeSpec, NodeState, Topology, TopologyError
+
+__all__ = [
+    "POLICIES",
+    "Allocate",
+    "Allocation",
+    "ClusterState",
+    "Context",
+    "CycleConfig",
+    "CycleResult",
+    "Decision",
+    "GpuState",
+    "Health",
+    "JobSpec",
+    "Need",
+    "NodeSpec",
+    "NodeState",
+    "Pending",
+    "PendingCode",
+    "Placement",
+    "Policy",
+    "Preempt",
+    "Request",
+    "Reserve",
+    "Scheduler",
+    "ShapeError",
+    "Slice",
+    "StateError",
+    "Statement",
+    "TenantPolicy",
+    "Topology",
+    "TopologyError",
+    "get_policy",
+    "order_jobs",
+    "request",
+]

@@ -1,0 +1,370 @@
+"""The scheduling cycle: order the pending jobs, place them, reserve, backfill and preempt. Pure.
+
+One call decides for every pending job: `Allocate`, `Reserve` or `Pending`, plus `Preempt` for each
+victim. `now` comes in; no clock is read. The state passed in is left holding the cycle's allocations
+(and without its preemption victims); reservation holds live only during the cycle.
+
+Order: priority (high first); inside one priority, tenants take turns by weighted fair share — the
+tenant with the least (GPUs held + recent usage) / weight goes next, counting the jobs ordered ahead of
+it this cycle — and each tenant's jobs go by submit time, then id.
+
+Per job, in that order:
+1. invalid shapes and tenants over quota are pending with the reason;
+2. place it now if the policy finds room outside every reservation hold;
+3. backfill into a reservation's nodes only if the job is expected to end before that reservation
+   starts (Slurm's rule; estimates are what the scheduler has);
+4. preempt lower-priority jobs when that is the only way (topology-aware: the group that is cheapest
+   to free — checkpointable victims first, fewest GPUs — never a scatter of victims across domains);
+5. otherwise the first `reservations` such jobs get a reservation: the earliest time the running jobs'
+   expected ends free a fitting layout, whose free nodes are held for the rest of the cycle.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve
+from shared.core.policies import Context, Placement, Policy, get_policy
+from shared.core.reasons import duration, explain
+from shared.core.shape import JobSpec, Request, ShapeError, request
+from shared.core.state import INF, Allocation, ClusterState
+from shared.core.statement import Statement
+
+HOLD_PREFIX = "resv:"
+
+
+@dataclass(frozen=True, slots=True)
+class TenantPolicy:
+    weight: float = 1.0
+    quota_gpus: int | None = None  # most GPUs the tenant may hold at once; None: no quota
+
+
+@dataclass(frozen=True, slots=True)
+class CycleConfig:
+    policy: str = "rackscale"
+    reservations: int = 4  # how many blocked jobs (in order) get a reservation
+    backfill: bool = True  # False: nothing starts behind a blocked job
+    preemption: bool = True
+    default_runtime_s: float = 24 * 3600.0  # for jobs without an expected runtime
+    max_tested: int | None = None  # jobs tried per cycle (Slurm's bf_max_job_test); None: all
+    tenants: Mapping[str, TenantPolicy] = field(default_factory=dict)
+
+    def tenant(self, name: str) -> TenantPolicy:
+        return self.tenants.get(name, _DEFAULT_TENANT)
+
+
+_DEFAULT_TENANT = TenantPolicy()
+
+
+@dataclass(slots=True)
+class CycleResult:
+    decisions: list[Decision] = field(default_factory=list)
+    order: list[str] = field(default_factory=list)
+
+    def of(self, kind: type) -> list:  # type: ignore[type-arg]
+        return [d for d in self.decisions if isinstance(d, kind)]
+
+    def by_job(self) -> dict[str, Decision]:
+        """The final decision per pending job (Allocate, Reserve or Pending)."""
+        return {d.job_id: d for d in self.decisions if not isinstance(d, Preempt)}
+
+
+def order_jobs(
+    pending: Iterable[JobSpec],
+    held: Mapping[str, int],
+    config: CycleConfig,
+    usage: Mapping[str, float] | None = None,
+) -> list[JobSpec]:
+    """Priority first; within a priority, weighted fair share between tenants (see module doc)."""
+    usage = usage or {}
+    by_prio: dict[int, dict[str, list[JobSpec]]] = {}
+    for job in pending:
+        by_prio.setdefault(job.priority, {}).setdefault(job.tenant, []).append(job)
+    share: dict[str, float] = {}
+    out: list[JobSpec] = []
+    for prio in sorted(by_prio, reverse=True):
+        tenants = by_prio[prio]
+        heap: list[tuple[float, str]] = []
+        for tenant, jobs in tenants.items():
+            jobs.sort(key=lambda j: (j.submit_time, j.id), reverse=True)  # pop() takes the oldest
+            if tenant not in share:
+                weight = max(config.tenant(tenant).weight, 1e-9)
+                share[tenant] = (held.get(tenant, 0) + usage.get(tenant, 0.0)) / weight
+            heap.append((share[tenant], tenant))
+        heapq.heapify(heap)
+        while heap:
+            _, tenant = heapq.heappop(heap)
+            job = tenants[tenant].pop()
+            out.append(job)
+            share[tenant] += job.gpus / max(config.tenant(tenant).weight, 1e-9)
+            if tenants[tenant]:
+                heapq.heappush(heap, (share[tenant], tenant))
+    return out
+
+
+@dataclass(slots=True)
+class _Hold:
+    job_id: str
+    start: float
+    end: float  # start + expected runtime: when the forecast gives the layout back
+    nodes: tuple[int, ...]  # the whole reserved layout (busy nodes too)
+    masks: tuple[int, ...]
+
+
+class Scheduler:
+    """Runs cycles with one policy and configuration. Holds no state between cycles."""
+
+    def __init__(self, config: CycleConfig | None = None) -> None:
+        self.config = config or CycleConfig()
+        self.policy: Policy = get_policy(self.config.policy)
+
+    def cycle(
+        self,
+        state: ClusterState,
+        pending: Sequence[JobSpec],
+        now: float,
+        usage: Mapping[str, float] | None = None,
+    ) -> CycleResult:
+        return _Cycle(self, state, now).run(pending, usage)
+
+
+class _Cycle:
+    """One cycle's working memory."""
+
+    def __init__(self, sched: Scheduler, state: ClusterState, now: float) -> None:
+        self.cfg = sched.config
+        self.policy = sched.policy
+        self.state = state
+        self.now = now
+        self.stmt = Statement(state)
+        self.holds: list[_Hold] = []
+        self.failed_shapes: set[tuple[object, ...]] = set()
+        self.result = CycleResult()
+        self.held: dict[str, int] = {}
+        for a in state.allocs.values():
+            if not a.hold:
+                self.held[a.tenant] = self.held.get(a.tenant, 0) + a.gpus
+
+    # -- main loop ---------------------------------------------------------------------------------------
+    def run(self, pending: Sequence[JobSpec], usage: Mapping[str, float] | None) -> CycleResult:
+        ordered = order_jobs(pending, self.held, self.cfg, usage)
+        self.result.order = [j.id for j in ordered]
+        reqs: list[Request | ShapeError] = []
+        for job in ordered:
+            try:
+                reqs.append(request(job, self.state.topo))
+            except ShapeError as e:
+                reqs.append(e)
+        demand = frozenset(r.slices[-1][1] if r.slices else r.nodes for r in reqs if isinstance(r, Request))
+        blocked_by: str | None = None
+        try:
+            for tested, (job, req) in enumerate(zip(ordered, reqs, strict=True)):
+                if isinstance(req, ShapeError):
+                    self._pending(job.id, PendingCode.INVALID, str(req))
+                elif self.cfg.max_tested is not None and tested >= self.cfg.max_tested:
+                    self._pending(job.id, PendingCode.NOT_TESTED, f"not yet tested: {tested} jobs ahead of it")
+                elif blocked_by is not None:
+                    self._pending(job.id, PendingCode.BLOCKED, f"waits behind job {blocked_by} (backfill off)")
+                elif not self._decide(req, demand) and not self.cfg.backfill:
+                    blocked_by = job.id
+        finally:
+            self.stmt.commit()
+            for h in self.holds:
+                if HOLD_PREFIX + h.job_id in self.state.allocs:
+                    self.state.release(HOLD_PREFIX + h.job_id)
+        return self.result
+
+    def _decide(self, req: Request, demand: frozenset[int]) -> bool:
+        """Decide one job; True when it was allocated."""
+        job, cfg = req.job, self.cfg
+        quota = cfg.tenant(job.tenant).quota_gpus
+        used = self.held.get(job.tenant, 0)
+        if quota is not None and used + job.gpus > quota:
+            self._pending(
+                job.id,
+                PendingCode.QUOTA,
+                f"tenant {job.tenant} is at its quota: {used} of {quota} GPUs in use, this job needs {job.gpus}",
+            )
+            return False
+        runtime = job.expected_runtime_s if job.expected_runtime_s is not None else cfg.default_runtime_s
+        end = self.now + runtime
+        ctx = Context(now=self.now, job_end=end, demand=demand)
+
+        if req.shape_key not in self.failed_shapes:
+            placement = self.policy.place(self.state, req, ctx)
+            if placement is not None:
+                self._allocate(req, placement, end, backfilled=bool(self.holds))
+                return True
+            self.failed_shapes.add(req.shape_key)
+        reason = explain(self.state, req, self.policy.honours_required)
+
+        if cfg.backfill and self._borrow(req, ctx, end):
+            return True
+        if cfg.preemption and self._preempt(req, ctx, end):
+            return True
+        if len(self.holds) < cfg.reservations:
+            found = self._earliest_start(req, runtime, demand)
+            if found is None:
+                self._pending(job.id, PendingCode.NEVER_FITS, f"{reason}; won't fit even when running jobs end")
+                return False
+            start, placement = found
+            self._hold(job.id, start, start + runtime, placement)
+            self.result.decisions.append(
+                Reserve(job.id, start, placement.nodes, f"{reason}; reserved to start in {duration(start - self.now)}")
+            )
+            return False
+        behind = f"; {len(self.holds)} reservations ahead" if self.holds else ""
+        self._pending(job.id, PendingCode.NO_FIT, reason + behind)
+        return False
+
+    # -- outcomes ----------------------------------------------------------------------------------------
+    def _pending(self, job_id: str, code: PendingCode, reason: str) -> None:
+        self.result.decisions.append(Pending(job_id, code, reason))
+
+    def _allocate(self, req: Request, placement: Placement, end: float, backfilled: bool) -> None:
+        self.stmt.allocate(placement.allocation(req, self.now, end))
+        self.held[req.job.tenant] = self.held.get(req.job.tenant, 0) + req.job.gpus
+        self.result.decisions.append(Allocate(req.job.id, placement.nodes, placement.masks, end, backfilled))
+
+    # -- reservations ------------------------------------------------------------------------------------
+    def _hold(self, job_id: str, start: float, end: float, placement: Placement) -> None:
+        """Hold the layout's currently free GPUs; its busy nodes are expected free by `start`."""
+        hold = _Hold(job_id, start, end, placement.nodes, placement.masks)
+        self.holds.append(hold)
+        self._apply_hold(hold)
+
+    def _apply_hold(self, hold: _Hold) -> None:
+        free = self.state.free
+        pairs = [(n, m & free[n]) for n, m in zip(hold.nodes, hold.masks, strict=True) if m & free[n]]
+        if pairs:
+            nodes, masks = zip(*pairs, strict=True)
+            self.stmt.allocate(Allocation(HOLD_PREFIX + hold.job_id, nodes, masks, start=hold.start, hold=True))
+
+    def _earliest_start(self, req: Request, runtime: float, demand: frozenset[int]) -> tuple[float, Placement] | None:
+        """Replay the forecast (running jobs end, earlier reservations run and end) until the job fits.
+
+        Nothing changes in the end: every step goes through the statement and is rolled back.
+        """
+        state, stmt = self.state, self.stmt
+        cp = stmt.checkpoint()
+        try:
+            # earlier reservations keep their whole layouts, busy nodes included, until they end
+            cover: dict[int, int] = {}
+            for h in self.holds:
+                for node in h.nodes:
+                    cover[node] = cover.get(node, 0) + 1
+            disabled = {n for n in cover if state.usable[n]}
+            for node in sorted(disabled):
+                stmt.set_usable(node, False)
+            events: list[tuple[float, int, str]] = [
+                (max(a.expected_end, self.now), 0, a.job_id) for a in state.allocs.values() if not a.hold
+            ]
+            events += [(h.end, 1, str(i)) for i, h in enumerate(self.holds)]
+            events.sort()
+            need, k = req.nodes, req.k
+            i = 0
+            while i < len(events):
+                t = events[i][0]
+                if t == INF:
+                    break  # jobs with no expected end never free their nodes in a forecast
+                while i < len(events) and events[i][0] == t:
+                    _, kind, ref = events[i]
+                    i += 1
+                    if kind == 0:
+                        stmt.release(ref)
+                        continue
+                    for node in self.holds[int(ref)].nodes:
+                        cover[node] -= 1
+                        if not cover[node] and node in disabled:
+                            stmt.set_usable(node, True)
+                if state.count[0][0][k] < need:
+                    continue
+                ctx = Context(now=t, job_end=t + runtime, demand=demand)
+                placement = self.policy.place(state, req, ctx)
+                if placement is not None:
+                    return t, placement
+            return None
+        finally:
+            stmt.rollback(cp)
+
+    def _borrow(self, req: Request, ctx: Context, end: float) -> bool:
+        """Backfill into held nodes of reservations that start after this job is expected to end."""
+        lendable = [h for h in self.holds if h.start >= end and HOLD_PREFIX + h.job_id in self.state.allocs]
+        if not lendable:
+            return False
+        cp = self.stmt.checkpoint()
+        for h in lendable:
+            self.stmt.release(HOLD_PREFIX + h.job_id)
+        placement = self.policy.place(self.state, req, ctx)
+        if placement is None:
+            self.stmt.rollback(cp)
+            return False
+        self._allocate(req, placement, end, backfilled=True)
+        for h in lendable:
+            self._apply_hold(h)
+        return True
+
+    # -- preemption --------------------------------------------------------------------------------------
+    def _preempt(self, req: Request, ctx: Context, end: float) -> bool:
+        """Free the cheapest groups of lower-priority work until the job fits; all or nothing."""
+        job, state = req.job, self.state
+        if self.holds and end > min(h.start for h in self.holds):
+            return False  # the freed nodes may be counted on by a reservation
+        if not any(not a.hold and a.priority < job.priority for a in state.allocs.values()):
+            return False
+        topo = state.topo
+        level, size = req.slices[-1] if req.slices else (req.level, min(req.nodes, topo.max_group_nodes(req.level)))
+        cp = self.stmt.checkpoint()
+        victims: list[Allocation] = []
+        for _ in range(req.nodes // size + 1):
+            placement = self.policy.place(state, req, ctx)
+            if placement is not None:
+                for v in victims:
+                    self.held[v.tenant] = self.held.get(v.tenant, 0) - v.gpus
+                    self.result.decisions.append(Preempt(v.job_id, job.id, v.checkpointable))
+                self._allocate(req, placement, end, backfilled=False)
+                return True
+            chosen = self._cheapest_group(req, level, size)
+            if chosen is None:
+                break
+            for vid in chosen:
+                victims.append(self.stmt.release(vid))
+        self.stmt.rollback(cp)
+        return False
+
+    def _cheapest_group(self, req: Request, level: int, size: int) -> list[str] | None:
+        """Victims that free one more piece of `size` nodes in a single group, cheapest group first."""
+        state, k, prio = self.state, req.k, req.job.priority
+        best: tuple[tuple[int, int, int, int], list[str]] | None = None
+        for g, members in enumerate(state.topo.group_nodes[level]):
+            cap = state.count[level][g][k]
+            if cap >= size:
+                continue
+            cands = sorted(
+                (a for j in state.jobs_in_group(level, g) if not (a := state.allocs[j]).hold and a.priority < prio),
+                key=lambda a: (not a.checkpointable, a.priority, a.gpus, a.job_id),
+            )
+            freed: dict[int, int] = {}
+            chosen: list[Allocation] = []
+            for a in cands:
+                chosen.append(a)
+                for n, m in zip(a.nodes, a.masks, strict=True):
+                    freed[n] = freed.get(n, 0) | m
+                fitting = sum(
+                    1 for n in members if state.usable[n] and self._fits_after(n, freed.get(n, 0), k, req.exclusive)
+                )
+                if fitting >= size:
+                    cost = (sum(not c.checkpointable for c in chosen), sum(c.gpus for c in chosen), len(chosen), g)
+                    if best is None or cost < best[0]:
+                        best = (cost, [c.job_id for c in chosen])
+                    break
+        return None if best is None else best[1]
+
+    def _fits_after(self, node: int, freed: int, k: int, exclusive: bool) -> bool:
+        state = self.state
+        free = state.free[node] | (freed & state.full[node])
+        if exclusive:
+            return free == state.full[node] and free.bit_count() >= k
+        return free.bit_count() >= k

@@ -1,0 +1,263 @@
+"""What every placement policy shares: the result types, the per-attempt picker and the layer walk.
+
+A policy answers one question: where would this request go in this state right now? It never
+changes the state; the cycle applies the answer through a Statement. Policies differ only in how
+they choose groups (`choose_layer`), how they spill jobs that may span groups (`spill`) and the
+order they take nodes inside a group (`node_order`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from shared.core.shape import Need, Request
+from shared.core.state import Allocation, ClusterState
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    nodes: tuple[int, ...]
+    masks: tuple[int, ...]
+
+    def allocation(self, req: Request, now: float, expected_end: float) -> Allocation:
+        job = req.job
+        return Allocation(
+            job.id,
+            self.nodes,
+            self.masks,
+            priority=job.priority,
+            tenant=job.tenant,
+            checkpointable=job.checkpointable,
+            start=now,
+            expected_end=expected_end,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FitError:
+    """Why a request doesn't fit now, in a user's words (see `reasons.explain`)."""
+
+    message: str
+
+
+@dataclass(slots=True)
+class Context:
+    """What a cycle knows beyond the state: the time, the job's expected end and the waiting demand."""
+
+    now: float = 0.0
+    job_end: float = float("inf")
+    # run sizes (nodes per group at the domain level) that waiting jobs need, for fragmentation scoring
+    demand: frozenset[int] = field(default_factory=frozenset)
+
+
+class Picker:
+    """Nodes taken by one placement attempt, with group capacities net of them."""
+
+    __slots__ = ("k", "masks", "nodes", "req", "state", "taken", "taken_set")
+
+    def __init__(self, state: ClusterState, req: Request) -> None:
+        self.state = state
+        self.req = req
+        self.k = req.k
+        self.nodes: list[int] = []
+        self.masks: list[int] = []
+        self.taken_set: set[int] = set()
+        self.taken: list[dict[int, int]] = [{} for _ in state.topo.levels]
+
+    def cap(self, level: int, group: int) -> int:
+        """Usable nodes of the group that could still take one of the job's per-node shares."""
+        return self.state.count[level][group][self.k] - self.taken[level].get(group, 0)
+
+    def hostable(self, level: int, group: int, layers: Sequence[tuple[int, int]], i: int) -> int:
+        """How many pieces of layer i (each `size` nodes, split by the inner layers) fit in the group."""
+        size = layers[i][1]
+        if i + 1 == len(layers):
+            return self.cap(level, group) // size
+        inner_level, inner_size = layers[i + 1]
+        inner_units = sum(
+            self.hostable(inner_level, h, layers, i + 1) for h in self.state.topo.descendants(level, group, inner_level)
+        )
+        return inner_units // (size // inner_size)
+
+    def take(self, node: int, mask: int) -> None:
+        self.nodes.append(node)
+        self.masks.append(mask)
+        self.taken_set.add(node)
+        for li, groups in enumerate(self.state.topo.node_group):
+            t = self.taken[li]
+            g = groups[node]
+            t[g] = t.get(g, 0) + 1
+
+    def fits(self, node: int) -> bool:
+        return node not in self.taken_set and self.state.node_fits(node, self.k, self.req.exclusive)
+
+    def result(self) -> Placement:
+        return Placement(tuple(self.nodes), tuple(self.masks))
+
+
+class Policy:
+    """Base policy: block-style layers with a pluggable group choice. Subclasses override the hooks."""
+
+    name = "base"
+    honours_required = True  # False for baselines that treat `required` as best effort
+    prefer_healthy_gpus = False
+
+    # -- entry point -----------------------------------------------------------------------------------
+    def place(self, state: ClusterState, req: Request, ctx: Context) -> Placement | None:
+        """Where the request fits now, or None. Never changes the state."""
+        if state.count[0][0][req.k] < req.nodes:
+            return None  # not enough fitting nodes in the whole cluster: no layout can work
+        pk = Picker(state, req)
+        layers = self.layers(state, req)
+        if layers:
+            top = layers[0][0]
+            scope = range(len(state.topo.group_nodes[top]))
+            ok = self.place_layer(pk, layers, 0, scope, req.nodes // layers[0][1], ctx)
+        else:
+            ok = self.spill(pk, ctx)
+        return pk.result() if ok else None
+
+    def layers(self, state: ClusterState, req: Request) -> tuple[tuple[int, int], ...]:
+        """The hard slice layout this policy enforces (the request's own unless a baseline relaxes it)."""
+        return req.slices
+
+    def place_layer(
+        self,
+        pk: Picker,
+        layers: Sequence[tuple[int, int]],
+        i: int,
+        scope: Iterable[int],
+        count: int,
+        ctx: Context,
+    ) -> bool:
+        """Place `count` pieces of layer i inside the scope groups, then recurse into inner layers."""
+        level, size = layers[i]
+        chosen = self.choose_layer(pk, layers, i, tuple(scope), count, ctx)
+        if chosen is None:
+            return False
+        for group, pieces in chosen:
+            if i + 1 < len(layers):
+                inner_level, inner_size = layers[i + 1]
+                inner_scope = pk.state.topo.descendants(level, group, inner_level)
+                for _ in range(pieces):
+                    if not self.place_layer(pk, layers, i + 1, inner_scope, size // inner_size, ctx):
+                        return False
+            elif not self.take_nodes(pk, level, group, size * pieces, ctx):
+                return False
+        return True
+
+    def choose_layer(
+        self,
+        pk: Picker,
+        layers: Sequence[tuple[int, int]],
+        i: int,
+        scope: Sequence[int],
+        count: int,
+        ctx: Context,
+    ) -> list[tuple[int, int]] | None:
+        """Groups for `count` pieces of layer i, as (group, pieces); None when they don't fit.
+
+        Default: Slurm's greedy best fit, one piece at a time on what the previous pieces left.
+        Pieces of the innermost layer are taken here at once, so they come back with 0 pieces left.
+        """
+        level = layers[i][0]
+        chosen: list[tuple[int, int]] = []
+        used: dict[int, int] = {}
+        for _ in range(count):
+            best = None
+            best_key: tuple[int, ...] | None = None
+            for g in scope:
+                room = pk.hostable(level, g, layers, i) - used.get(g, 0)
+                if room < 1:
+                    continue
+                key = self.piece_key(pk, level, g, layers, i)
+                if best_key is None or key < best_key:
+                    best, best_key = g, key
+            if best is None:
+                return None
+            used[best] = used.get(best, 0) + 1
+            chosen.append((best, 1))
+            if i + 1 == len(layers):
+                # take now so the next piece sees what this one left (Slurm: one segment at a time)
+                if not self.take_nodes(pk, level, best, layers[i][1], ctx):
+                    return None
+                chosen[-1] = (best, 0)
+                used[best] -= 1
+        return chosen
+
+    def piece_key(
+        self, pk: Picker, level: int, group: int, layers: Sequence[tuple[int, int]], i: int
+    ) -> tuple[int, ...]:
+        """Slurm block best fit: fewest free nodes, ties to the highest-index group."""
+        return (pk.cap(level, group), -group)
+
+    def spill(self, pk: Picker, ctx: Context) -> bool:
+        """Place a job that may span groups (`preferred` / `none` without slices)."""
+        raise NotImplementedError
+
+    # -- node and GPU choice -----------------------------------------------------------------------------
+    def node_order(self, pk: Picker, nodes: Sequence[int]) -> Iterable[int]:
+        return nodes
+
+    def take_nodes(self, pk: Picker, level: int, group: int, count: int, ctx: Context) -> bool:
+        if count == 0:
+            return True
+        got = 0
+        for node in self.node_order(pk, pk.state.topo.group_nodes[level][group]):
+            if pk.fits(node):
+                pk.take(node, self.gpu_mask(pk, node))
+                got += 1
+                if got == count:
+                    return True
+        return False
+
+    def gpu_mask(self, pk: Picker, node: int) -> int:
+        state, req = pk.state, pk.req
+        free = state.free[node]
+        if req.exclusive:
+            return free
+        want = req.per_node
+        order = free & ~state.degraded[node] if self.prefer_healthy_gpus else free
+        mask = 0
+        for source in (order, free):
+            bits = source & ~mask
+            while bits and want:
+                low = bits & -bits
+                mask |= low
+                bits ^= low
+                want -= 1
+        return mask
+
+
+def fewest_groups(pk: Picker, level: int, key_extra: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """Fewest groups of `level` covering the job: largest first, the last one by best fit.
+
+    Returns (group, nodes) pairs, or [] when the free total is short. Shared by `tree` (Slurm's
+    topology/tree spreads over the fewest switches) and `rackscale`'s spill of preferred jobs.
+    """
+    need = pk.req.nodes
+    groups = pk.state.topo.group_nodes[level]
+    caps = [(pk.cap(level, g), g) for g in range(len(groups))]
+    caps = [c for c in caps if c[0] > 0]
+    if sum(c for c, _ in caps) < need:
+        return []
+    caps.sort(key=lambda cg: (-cg[0], cg[1]))
+    out: list[tuple[int, int]] = []
+    i = 0
+    while need:
+        # best fit for the remainder: the smallest group that finishes the job, else the largest
+        finishing = [cg for cg in caps[i:] if cg[0] >= need]
+        if finishing:
+            cap, g = min(finishing, key=lambda cg: (cg[0], cg[1]))
+            out.append((g, need))
+            return out
+        cap, g = caps[i]
+        out.append((g, cap))
+        need -= cap
+        i += 1
+    return out
+
+
+def is_spill(req: Request) -> bool:
+    return not req.slices and req.need is not Need.REQUIRED

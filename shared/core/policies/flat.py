@@ -1,0 +1,29 @@
+"""`flat`: topology-naive first fit. The baseline every gain is measured against.
+
+Takes the first fitting nodes in index order, wherever they are; `required` and segments are
+ignored (the simulator charges the cross-domain slowdown this causes).
+"""
+
+from __future__ import annotations
+
+from shared.core.policies.base import Context, Picker, Policy
+from shared.core.shape import Request
+from shared.core.state import ClusterState
+
+
+class FlatPolicy(Policy):
+    name = "flat"
+    honours_required = False
+
+    def layers(self, state: ClusterState, req: Request) -> tuple[tuple[int, int], ...]:
+        return ()
+
+    def spill(self, pk: Picker, ctx: Context) -> bool:
+        need = pk.req.nodes
+        for node in range(len(pk.state.topo)):
+            if pk.fits(node):
+                pk.take(node, self.gpu_mask(pk, node))
+                need -= 1
+                if not need:
+                    return True
+        return False

@@ -1,0 +1,200 @@
+"""`rackscale`: block guarantees plus what Slurm's block plugin lacks. The scoring, in order:
+
+1. **Slot loss** (spare awareness): a domain's free nodes are worth ``free // P`` protected runs, with
+   ``P`` the larger of the operators' planning unit (domain nodes minus ``SPARES``, i.e. 16 of 18) and
+   the largest run a waiting job needs. A choice that breaks fewer such runs wins, so small jobs stay
+   off domains that can still host a 16-node job, and a domain with a tray or two down keeps hosting one.
+2. **Stranded nodes** (fragmentation awareness): of what a domain has left, the nodes no waiting job's
+   run size can use (an unbounded knapsack over the waiting run sizes). Fewer wins.
+3. **Best fit**: fewest free nodes left in the domain.
+4. Tie-breaks: fewer degraded GPUs used; running jobs expected to end closest to this one's end
+   (runtime awareness: a domain then frees up whole); lowest index.
+
+Segmented jobs are laid out together: several complete layouts (the per-piece greedy one Slurm uses,
+fewest domains first, exact fits first) are scored by the sum of the above and the best one wins.
+`preferred` jobs that fit no single domain spill over the fewest domains; `none` jobs fill stranded
+fragments before touching whole domains. Degraded GPUs are taken last inside a node and a domain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+
+from shared.core.policies.base import Context, Picker, Policy, fewest_groups
+from shared.core.shape import Need
+
+SPARES = 2  # trays per domain an operator plans to lose (16 of 18 on NVL72)
+INF = float("inf")
+
+
+@lru_cache(maxsize=256)
+def frag_tables(demand: frozenset[int], group_size: int) -> tuple[int, tuple[int, ...]]:
+    """(P, stranded[r] for r in 0..group_size) for a demand of run sizes. Pure, so cached."""
+    sizes = sorted(s for s in demand if 0 < s <= group_size)
+    protect = max([group_size - SPARES, *sizes]) if group_size > SPARES else group_size
+    packable = [0] * (group_size + 1)
+    for r in range(1, group_size + 1):
+        packable[r] = max([packable[r - 1]] + [packable[r - s] + s for s in sizes if s <= r])
+    stranded = tuple(r - packable[r] if sizes else 0 for r in range(group_size + 1))
+    return max(protect, 1), stranded
+
+
+class RackscalePolicy(Policy):
+    name = "rackscale"
+    prefer_healthy_gpus = True
+
+    # -- scoring ---------------------------------------------------------------------------------------
+    def _tables(self, pk: Picker, level: int, ctx: Context) -> tuple[int, tuple[int, ...]] | None:
+        topo = pk.state.topo
+        if level != topo.domain:
+            return None  # fragmentation scoring is about NVLink domains; other levels use best fit
+        return frag_tables(ctx.demand, topo.max_group_nodes(level))
+
+    @staticmethod
+    def _cost(tables: tuple[int, tuple[int, ...]] | None, cap: int, left: int) -> tuple[int, int, int]:
+        if tables is None:
+            return (0, 0, left)
+        protect, stranded = tables
+        return (cap // protect - left // protect, stranded[left], left)
+
+    def _refine(self, pk: Picker, level: int, tier: list[int], size: int, ctx: Context) -> int:
+        """Tie-break equal-cost groups: fewer degraded nodes needed, closest end time, lowest index."""
+        if len(tier) == 1:
+            return tier[0]
+        state = pk.state
+        deg = state.degraded_in[level]
+        sizes = state.topo.group_nodes[level]
+
+        def key(g: int) -> tuple[float, float, int]:
+            cap = pk.cap(level, g)
+            need_degraded = max(0, size - (cap - deg.get(g, 0))) if deg else 0
+            gap = INF
+            if ctx.job_end != INF and cap < len(sizes[g]):
+                ends = [state.allocs[j].expected_end for j in state.jobs_in_group(level, g) if not state.allocs[j].hold]
+                if ends and max(ends) != INF:
+                    gap = abs(max(ends) - ctx.job_end)
+            return (need_degraded, gap, g)
+
+        return min(tier, key=key)
+
+    def _choose_single(self, pk: Picker, level: int, scope: Iterable[int], size: int, ctx: Context) -> int | None:
+        tables = self._tables(pk, level, ctx)
+        best: tuple[int, int, int] | None = None
+        tier: list[int] = []
+        for g in scope:
+            cap = pk.cap(level, g)
+            if cap < size:
+                continue
+            cost = self._cost(tables, cap, cap - size)
+            if best is None or cost < best:
+                best, tier = cost, [g]
+            elif cost == best:
+                tier.append(g)
+        return self._refine(pk, level, tier, size, ctx) if tier else None
+
+    # -- layers ----------------------------------------------------------------------------------------
+    def choose_layer(
+        self,
+        pk: Picker,
+        layers: Sequence[tuple[int, int]],
+        i: int,
+        scope: Sequence[int],
+        count: int,
+        ctx: Context,
+    ) -> list[tuple[int, int]] | None:
+        if i + 1 < len(layers):
+            return super().choose_layer(pk, layers, i, scope, count, ctx)
+        level, size = layers[i]
+        if count == 1:
+            g = self._choose_single(pk, level, scope, size, ctx)
+            return None if g is None else [(g, 1)]
+        return self._joint_layout(pk, level, scope, size, count, ctx)
+
+    def _joint_layout(
+        self, pk: Picker, level: int, scope: Sequence[int], size: int, count: int, ctx: Context
+    ) -> list[tuple[int, int]] | None:
+        """Score whole layouts of `count` pieces instead of committing one piece at a time."""
+        tables = self._tables(pk, level, ctx)
+        caps = {g: c for g in scope if (c := pk.cap(level, g)) >= size}
+        if sum(c // size for c in caps.values()) < count:
+            return None
+
+        def greedy() -> dict[int, int]:
+            left = dict(caps)
+            plan: dict[int, int] = {}
+            for _ in range(count):
+                g = min(
+                    (g for g, c in left.items() if c >= size),
+                    key=lambda g: (self._cost(tables, left[g], left[g] - size), g),
+                )
+                left[g] -= size
+                plan[g] = plan.get(g, 0) + 1
+            return plan
+
+        def ordered(key_of: object) -> dict[int, int]:
+            plan: dict[int, int] = {}
+            remaining = count
+            for g in sorted(caps, key=key_of):  # type: ignore[arg-type]
+                m = min(caps[g] // size, remaining)
+                if m:
+                    plan[g] = m
+                    remaining -= m
+                if not remaining:
+                    break
+            return plan
+
+        def exact_key(g: int) -> tuple[object, ...]:
+            m = min(caps[g] // size, count)
+            return (*self._cost(tables, caps[g], caps[g] - m * size)[:2], -m, caps[g] - m * size, g)
+
+        plans = [greedy(), ordered(lambda g: (-(caps[g] // size), caps[g], g)), ordered(exact_key)]
+
+        def plan_cost(plan: dict[int, int]) -> tuple[int, ...]:
+            loss = stranded = left_total = 0
+            for g, m in plan.items():
+                a, b, c = self._cost(tables, caps[g], caps[g] - m * size)
+                loss, stranded, left_total = loss + a, stranded + b, left_total + c
+            return (loss, stranded, len(plan), left_total)
+
+        best = min(plans, key=plan_cost)
+        return sorted(best.items())
+
+    # -- jobs that may span groups ---------------------------------------------------------------------
+    def spill(self, pk: Picker, ctx: Context) -> bool:
+        req = pk.req
+        level, need = req.level, req.nodes
+        scope = range(len(pk.state.topo.group_nodes[level]))
+        single = self._choose_single(pk, level, scope, need, ctx)
+        if req.need is Need.PREFERRED:
+            if single is not None:
+                return self.take_nodes(pk, level, single, need, ctx)
+            plan = fewest_groups(pk, level)
+            return bool(plan) and all(self.take_nodes(pk, level, g, n, ctx) for g, n in plan)
+        # `none`: stranded fragments first, unless one group takes the job without breaking a run
+        tables = self._tables(pk, level, ctx)
+        if single is not None:
+            cap = pk.cap(level, single)
+            if self._cost(tables, cap, cap - need)[0] == 0:
+                return self.take_nodes(pk, level, single, need, ctx)
+        pieces = sorted((c, g) for g in scope if (c := pk.cap(level, g)) > 0)
+        if sum(c for c, _ in pieces) < need:
+            return False
+        for cap, g in pieces:
+            take = min(cap, need)
+            if not self.take_nodes(pk, level, g, take, ctx):
+                return False
+            need -= take
+            if not need:
+                return True
+        return False
+
+    # -- nodes -----------------------------------------------------------------------------------------
+    def node_order(self, pk: Picker, nodes: Sequence[int]) -> Iterable[int]:
+        state = pk.state
+        if pk.req.k == state.topo.max_node_gpus:
+            if not any(state.degraded[n] for n in nodes):
+                return nodes
+            return sorted(nodes, key=lambda n: (state.degraded[n] != 0, n))
+        # partial nodes: best fit (fewest free GPUs that still fit), healthy first
+        return sorted(nodes, key=lambda n: (state.degraded[n] & state.free[n] != 0, state.nfree[n], n))

@@ -1,0 +1,166 @@
+"""Job shapes and their validation against a topology.
+
+A `JobSpec` is what a user asks for; `request()` checks it against the topology and turns it into a
+`Request`: node count, GPUs per node, the level indices and the slice layout the policies work on.
+Impossible shapes raise `ShapeError` naming the field, so the gateway and the simulator report the
+same words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from shared.core.topology import Topology, TopologyError
+
+
+class Need(StrEnum):
+    REQUIRED = "required"  # every slice inside one group of the level, or wait
+    PREFERRED = "preferred"  # one group if possible, else the fewest groups
+    NONE = "none"  # anywhere
+
+
+class ShapeError(ValueError):
+    """A job shape that can never be placed on this topology; `field` names what is wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """One layer of a multi-layer slice: every `nodes` nodes of the job sit inside one group of `level`."""
+
+    level: str
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    id: str
+    gpus: int
+    gpus_per_node: int | None = None  # None: whole nodes (or all of a small job on one node)
+    nvlink: Need = Need.REQUIRED
+    level: str = "domain"  # the level `nvlink` applies to
+    segment: int | None = None  # Slurm --segment: groups of this many nodes, each inside one domain
+    slices: tuple[Slice, ...] = ()  # multi-layer, outermost first, e.g. (leaf 48, domain 16)
+    exclusive: bool = False  # no other job on the job's nodes
+    priority: int = 0
+    tenant: str = "default"
+    checkpointable: bool = False
+    expected_runtime_s: float | None = None
+    submit_time: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A validated job shape in the policies' terms."""
+
+    job: JobSpec
+    nodes: int
+    per_node: int  # GPUs used per node
+    k: int  # free GPUs a node must have to take part
+    exclusive: bool
+    need: Need
+    level: int  # level index the need applies to
+    # (level index, nodes per group), outermost first; empty when the job may spill
+    slices: tuple[tuple[int, int], ...]
+
+    @property
+    def gpus(self) -> int:
+        return self.job.gpus
+
+    @property
+    def shape_key(self) -> tuple[object, ...]:
+        """Jobs with the same key fit or fail together in a given state."""
+        return (self.need, self.level, self.k, self.exclusive, self.nodes, self.per_node, self.slices)
+
+
+def _positive_int(field: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ShapeError(field, f"must be a whole number of at least 1, got {value!r}")
+    return value
+
+
+def level_label(topo: Topology, level: int) -> str:
+    name = topo.levels[level]
+    return "NVLink domain" if name == topo.domain_level else name
+
+
+def request(job: JobSpec, topo: Topology) -> Request:
+    """Validate a job against a topology; raise ShapeError naming the field at fault."""
+    if not job.id:
+        raise ShapeError("id", "must not be empty")
+    gpus = _positive_int("gpus", job.gpus)
+    node_max = topo.max_node_gpus
+    if job.gpus_per_node is None:
+        per_node = node_max if gpus >= node_max else gpus
+    else:
+        per_node = _positive_int("gpus_per_node", job.gpus_per_node)
+        if per_node > node_max:
+            raise ShapeError("gpus_per_node", f"{per_node} is more than any node has (largest: {node_max} GPUs)")
+    if gpus % per_node:
+        raise ShapeError("gpus", f"{gpus} is not a multiple of gpus_per_node {per_node}")
+    nodes = gpus // per_node
+    total_nodes = len(topo)
+    if nodes > total_nodes:
+        raise ShapeError("gpus", f"{gpus} GPUs need {nodes} nodes; the cluster has {total_nodes}")
+    try:
+        need = Need(job.nvlink)
+    except ValueError:
+        raise ShapeError("topology.nvlink", f"must be required, preferred or none, got {job.nvlink!r}") from None
+    try:
+        level = topo.level(job.level)
+    except TopologyError as e:
+        raise ShapeError("topology.level", str(e)) from None
+    if job.expected_runtime_s is not None and job.expected_runtime_s < 0:
+        raise ShapeError("expected_runtime_s", f"must not be negative, got {job.expected_runtime_s}")
+    if isinstance(job.priority, bool) or not isinstance(job.priority, int):
+        raise ShapeError("priority", f"must be a whole number, got {job.priority!r}")
+
+    layers: list[tuple[int, int]] = []
+    if job.segment is not None and job.slices:
+        raise ShapeError("segment", "give segment or slices, not both")
+    if job.segment is not None:
+        seg = _positive_int("segment", job.segment)
+        if need is Need.NONE:
+            raise ShapeError("segment", "a segmented job needs topology nvlink required or preferred")
+        layers.append((level, seg))
+    for i, sl in enumerate(job.slices):
+        try:
+            sl_level = topo.level(sl.level)
+        except TopologyError as e:
+            raise ShapeError(f"slices[{i}].level", str(e)) from None
+        layers.append((sl_level, _positive_int(f"slices[{i}].nodes", sl.nodes)))
+
+    where = "segment" if job.segment is not None else "slices"
+    outer_level, outer_size = 0, nodes
+    for i, (sl_level, size) in enumerate(layers):
+        field = where if job.segment is not None else f"slices[{i}].nodes"
+        if sl_level <= outer_level and i > 0:
+            raise ShapeError(f"slices[{i}].level", "slices must go from outer levels to inner ones")
+        if outer_size % size:
+            raise ShapeError(field, f"{outer_size} nodes is not a multiple of {where} {size}")
+        largest = topo.max_group_nodes(sl_level)
+        if size > largest:
+            raise ShapeError(
+                field,
+                f"{size} nodes is larger than any {level_label(topo, sl_level)} (largest: {largest} nodes)",
+            )
+        outer_level, outer_size = sl_level, size
+
+    if not layers and need is Need.REQUIRED:
+        largest = topo.max_group_nodes(level)
+        if nodes > largest:
+            raise ShapeError(
+                "gpus",
+                f"{gpus} GPUs ({nodes} nodes) can't fit in one {level_label(topo, level)} "
+                f"(largest: {largest} nodes); set a segment",
+            )
+        layers.append((level, nodes))
+
+    exclusive = bool(job.exclusive)
+    k = node_max if exclusive else per_node
+    return Request(job, nodes, per_node, k, exclusive, need, level, tuple(layers))

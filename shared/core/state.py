@@ -1,0 +1,218 @@
+"""Per-cycle scratch state: free GPUs per node and free-node counts per group, kept incrementally.
+
+The topology is immutable; everything that changes while a cycle decides lives here, in dense lists
+indexed by node and group, so a placement question ("which domains have 16 free whole nodes?") is
+a table lookup, not a walk of the tree.
+
+``count[level][group][k]`` is the number of usable (up, not draining) nodes of the group with at least
+``k`` free GPUs. A whole-node job of 4-GPU nodes asks for ``k = 4``; a 2-GPU-per-node job for ``k = 2``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from shared.core.topology import GpuState, Health, NodeState, Topology
+
+INF = float("inf")
+
+
+class StateError(RuntimeError):
+    """An impossible state change: allocating a busy GPU, releasing an unknown job."""
+
+
+@dataclass(slots=True)
+class Allocation:
+    """GPUs held by one job (or by a reservation hold), with what the scheduler needs to know of it."""
+
+    job_id: str
+    nodes: tuple[int, ...]
+    masks: tuple[int, ...]  # GPU bitmask per node, aligned with nodes
+    priority: int = 0
+    tenant: str = ""
+    checkpointable: bool = False
+    start: float = 0.0
+    expected_end: float = INF
+    hold: bool = False  # a reservation hold, not a running job
+    gpus: int = field(default=0)
+
+    def __post_init__(self) -> None:
+        if len(self.nodes) != len(self.masks):
+            raise StateError(f"allocation {self.job_id}: {len(self.nodes)} nodes but {len(self.masks)} masks")
+        if not self.gpus:
+            self.gpus = sum(m.bit_count() for m in self.masks)
+
+
+def mask_indices(mask: int) -> tuple[int, ...]:
+    return tuple(i for i in range(mask.bit_length()) if mask >> i & 1)
+
+
+def indices_mask(indices: Iterable[int]) -> int:
+    m = 0
+    for i in indices:
+        m |= 1 << i
+    return m
+
+
+class ClusterState:
+    """Free capacity of a topology under a health overlay and a set of allocations."""
+
+    __slots__ = (
+        "allocs",
+        "count",
+        "degraded",
+        "degraded_in",
+        "free",
+        "full",
+        "nfree",
+        "node_jobs",
+        "topo",
+        "usable",
+    )
+
+    def __init__(self, topo: Topology, health: Health | None = None) -> None:
+        self.topo = topo
+        health = health or Health.all_up()
+        n = len(topo)
+        self.full: list[int] = [(1 << g) - 1 for g in topo.node_gpus]  # healthy-or-degraded GPUs
+        self.degraded: list[int] = [0] * n
+        self.usable: list[bool] = [True] * n
+        for name, st in health.nodes.items():
+            idx = topo.node_index.get(name)
+            if idx is not None and st is not NodeState.UP:
+                self.usable[idx] = False
+        for (name, gpu), st in health.gpus.items():
+            idx = topo.node_index.get(name)
+            if idx is None or not 0 <= gpu < topo.node_gpus[idx]:
+                continue
+            if st is GpuState.DOWN:
+                self.full[idx] &= ~(1 << gpu)
+            elif st is GpuState.DEGRADED:
+                self.degraded[idx] |= 1 << gpu
+        # nodes with a degraded GPU per group and level (health is fixed for a state's life)
+        self.degraded_in: list[dict[int, int]] = [{} for _ in topo.levels]
+        for node, deg in enumerate(self.degraded):
+            if deg:
+                for li, groups in enumerate(topo.node_group):
+                    row = self.degraded_in[li]
+                    row[groups[node]] = row.get(groups[node], 0) + 1
+        self.free: list[int] = list(self.full)
+        self.nfree: list[int] = [m.bit_count() for m in self.free]
+        self.node_jobs: list[dict[str, int]] = [{} for _ in range(n)]
+        self.allocs: dict[str, Allocation] = {}
+        kmax = topo.max_node_gpus
+        self.count: list[list[list[int]]] = [
+            [[0] * (kmax + 1) for _ in topo.group_nodes[li]] for li in range(len(topo.levels))
+        ]
+        for node in range(n):
+            if self.usable[node]:
+                self._count(node, -1, self.nfree[node])
+
+    # -- counts --------------------------------------------------------------------------------------
+    def _count(self, node: int, old: int, new: int) -> None:
+        """Move a node from nfree=old to nfree=new in every level's counts (-1: not counted)."""
+        if old == new:
+            return
+        lo, hi, step = (old, new, 1) if new > old else (new, old, -1)
+        for li, groups in enumerate(self.topo.node_group):
+            row = self.count[li][groups[node]]
+            for k in range(lo + 1, hi + 1):
+                row[k] += step
+
+    def capacity(self, level: int, group: int, k: int) -> int:
+        """Usable nodes of a group with at least k free GPUs."""
+        return self.count[level][group][k]
+
+    def node_fits(self, node: int, k: int, exclusive: bool) -> bool:
+        if not self.usable[node]:
+            return False
+        if exclusive:
+            return self.free[node] == self.full[node] and self.nfree[node] >= k and not self.node_jobs[node]
+        return self.nfree[node] >= k
+
+    # -- changes -------------------------------------------------------------------------------------
+    def allocate(self, alloc: Allocation) -> None:
+        if alloc.job_id in self.allocs:
+            raise StateError(f"job {alloc.job_id} already holds GPUs")
+        for node, mask in zip(alloc.nodes, alloc.masks, strict=True):
+            if mask & ~self.free[node]:
+                raise StateError(
+                    f"job {alloc.job_id}: GPUs {mask_indices(mask & ~self.free[node])} of node "
+                    f"{self.topo.node_names[node]} are not free"
+                )
+        # second pass only after every node checked, so a failed allocate changes nothing
+        for node, mask in zip(alloc.nodes, alloc.masks, strict=True):
+            self._take(node, mask, alloc.job_id)
+        self.allocs[alloc.job_id] = alloc
+
+    def _take(self, node: int, mask: int, job_id: str) -> None:
+        old = self.nfree[node]
+        self.free[node] &= ~mask
+        self.nfree[node] = new = self.free[node].bit_count()
+        jobs = self.node_jobs[node]
+        jobs[job_id] = jobs.get(job_id, 0) | mask
+        if self.usable[node]:
+            self._count(node, old, new)
+
+    def release(self, job_id: str) -> Allocation:
+        alloc = self.allocs.pop(job_id, None)
+        if alloc is None:
+            raise StateError(f"job {job_id} holds no GPUs")
+        for node, mask in zip(alloc.nodes, alloc.masks, strict=True):
+            old = self.nfree[node]
+            # GPUs that went down while held stay out of the free set
+            self.free[node] |= mask & self.full[node]
+            self.nfree[node] = new = self.free[node].bit_count()
+            jobs = self.node_jobs[node]
+            left = jobs.pop(job_id, 0) & ~mask
+            if left:
+                jobs[job_id] = left
+            if self.usable[node]:
+                self._count(node, old, new)
+        return alloc
+
+    def set_usable(self, node: int, usable: bool) -> None:
+        """Drain/undrain or down/up a node; its running allocations are untouched."""
+        if self.usable[node] == usable:
+            return
+        if usable:
+            self.usable[node] = True
+            self._count(node, -1, self.nfree[node])
+        else:
+            self._count(node, self.nfree[node], -1)
+            self.usable[node] = False
+
+    # -- views ---------------------------------------------------------------------------------------
+    def jobs_in_group(self, level: int, group: int) -> set[str]:
+        out: set[str] = set()
+        for node in self.topo.group_nodes[level][group]:
+            out.update(self.node_jobs[node])
+        return out
+
+    def free_gpus(self) -> int:
+        return sum(self.nfree[n] for n in range(len(self.topo)) if self.usable[n])
+
+    def check(self) -> None:
+        """Recount everything from scratch and compare: the invariant the property tests lean on."""
+        fresh = ClusterState.__new__(ClusterState)
+        topo = self.topo
+        per_node: list[int] = [0] * len(topo)
+        for alloc in self.allocs.values():
+            for node, mask in zip(alloc.nodes, alloc.masks, strict=True):
+                if per_node[node] & mask:
+                    raise StateError(f"GPU on node {topo.node_names[node]} held twice")
+                per_node[node] |= mask
+        for node in range(len(topo)):
+            expect = self.full[node] & ~per_node[node]
+            if self.free[node] != expect:
+                raise StateError(f"node {topo.node_names[node]}: free mask {self.free[node]:b} != {expect:b}")
+        fresh.topo = topo
+        fresh.count = [[[0] * (topo.max_node_gpus + 1) for _ in lvl] for lvl in topo.group_nodes]
+        fresh.usable = self.usable
+        fresh.nfree = self.nfree
+        for node in range(len(topo)):
+            if self.usable[node]:
+                ClusterState._count(fresh, node, -1, self.nfree[node])
+        if fresh.count != self.count:
+            raise StateError("group counts drifted from the node masks")
