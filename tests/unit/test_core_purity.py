@@ -1,0 +1,54 @@
+"""The placement core stays pure: no asyncio, NATS, Redis, clock or services inside shared/core."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+CORE = Path(__file__).resolve().parents[2] / "shared" / "core"
+FORBIDDEN_MODULES = ("asyncio", "nats", "redis", "valkey", "aiohttp", "services", "time", "datetime", "socket")
+# what must not even be loaded transitively (yaml loads datetime for timestamps: harmless, not a clock read)
+IO_MODULES = ("asyncio", "nats", "redis", "valkey", "aiohttp", "services", "socket")
+FORBIDDEN_CALLS = {("time", "time"), ("time", "monotonic"), ("datetime", "now"), ("random", "random")}
+
+
+def _core_files() -> list[Path]:
+    files = sorted(CORE.rglob("*.py"))
+    assert files, f"no core modules found under {CORE}"
+    return files
+
+
+def _imports(tree: ast.AST) -> list[str]:
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append(node.module)
+    return found
+
+
+@pytest.mark.parametrize("path", _core_files(), ids=lambda p: str(p.relative_to(CORE)))
+def test_core_module_imports_nothing_impure(path: Path) -> None:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    bad = [m for m in _imports(tree) if m.split(".")[0] in FORBIDDEN_MODULES]
+    assert not bad, f"{path.name} imports {bad}: the core must stay free of I/O and clocks"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            assert (node.value.id, node.attr) not in FORBIDDEN_CALLS, f"{path.name} reads {node.value.id}.{node.attr}"
+
+
+def test_importing_the_core_loads_no_io_modules() -> None:
+    """Import the core in a fresh interpreter and list what it dragged in."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import shared.core, shared.core.topology_io; "
+        "print(' '.join(m for m in sys.modules if m.split('.')[0] in "
+        f"{IO_MODULES!r}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"importing the core loaded: {out.stdout.strip()}"
