@@ -146,6 +146,8 @@ class _Cycle:
         for a in state.allocs.values():
             if not a.hold:
                 self.held[a.tenant] = self.held.get(a.tenant, 0) + a.gpus
+        # lowest priority among running jobs: no preemption what-if for jobs at or below it
+        self.min_priority: int | None = min((a.priority for a in state.allocs.values() if not a.hold), default=None)
 
     # -- main loop ---------------------------------------------------------------------------------------
     def run(self, pending: Sequence[JobSpec], usage: Mapping[str, float] | None) -> CycleResult:
@@ -225,6 +227,8 @@ class _Cycle:
 
     def _allocate(self, req: Request, placement: Placement, end: float, backfilled: bool) -> None:
         self.stmt.allocate(placement.allocation(req, self.now, end))
+        prio = req.job.priority
+        self.min_priority = prio if self.min_priority is None else min(self.min_priority, prio)
         self.held[req.job.tenant] = self.held.get(req.job.tenant, 0) + req.job.gpus
         self.result.decisions.append(Allocate(req.job.id, placement.nodes, placement.masks, end, backfilled))
 
@@ -264,22 +268,36 @@ class _Cycle:
             events += [(h.end, 1, str(i)) for i, h in enumerate(self.holds)]
             events.sort()
             need, k = req.nodes, req.k
+            # cheap gate before asking the policy: one-layer layouts need `pieces` hostable runs
+            layers = self.policy.layers(state, req)
+            level, size = layers[0] if len(layers) == 1 else (0, need)
+            pieces = need // size
+            row = state.count[level]
+            node_group = state.topo.node_group[level]
+            contrib = [r[k] // size for r in row]
+            hostable = sum(contrib)
             i = 0
             while i < len(events):
                 t = events[i][0]
                 if t == INF:
                     break  # jobs with no expected end never free their nodes in a forecast
+                touched: set[int] = set()
                 while i < len(events) and events[i][0] == t:
                     _, kind, ref = events[i]
                     i += 1
                     if kind == 0:
-                        stmt.release(ref)
+                        touched.update(node_group[n] for n in stmt.release(ref).nodes)
                         continue
                     for node in self.holds[int(ref)].nodes:
                         cover[node] -= 1
                         if not cover[node] and node in disabled:
                             stmt.set_usable(node, True)
-                if state.count[0][0][k] < need:
+                            touched.add(node_group[node])
+                for g in touched:
+                    now_units = row[g][k] // size
+                    hostable += now_units - contrib[g]
+                    contrib[g] = now_units
+                if hostable < pieces or state.count[0][0][k] < need:
                     continue
                 ctx = Context(now=t, job_end=t + runtime, demand=demand)
                 placement = self.policy.place(state, req, ctx)
@@ -312,7 +330,7 @@ class _Cycle:
         job, state = req.job, self.state
         if self.holds and end > min(h.start for h in self.holds):
             return False  # the freed nodes may be counted on by a reservation
-        if not any(not a.hold and a.priority < job.priority for a in state.allocs.values()):
+        if self.min_priority is None or self.min_priority >= job.priority:
             return False
         topo = state.topo
         level, size = req.slices[-1] if req.slices else (req.level, min(req.nodes, topo.max_group_nodes(req.level)))
