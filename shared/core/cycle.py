@@ -146,6 +146,7 @@ class _Cycle:
         for a in state.allocs.values():
             if not a.hold:
                 self.held[a.tenant] = self.held.get(a.tenant, 0) + a.gpus
+        self.failed_preempt: dict[tuple[object, ...], int] = {}
         # lowest priority among running jobs: no preemption what-if for jobs at or below it
         self.min_priority: int | None = min((a.priority for a in state.allocs.values() if not a.hold), default=None)
 
@@ -332,57 +333,63 @@ class _Cycle:
             return False  # the freed nodes may be counted on by a reservation
         if self.min_priority is None or self.min_priority >= job.priority:
             return False
+        # the state only fills up during a cycle: a shape that found no victims won't at a lower priority
+        if self.failed_preempt.get(req.shape_key, self.min_priority - 1) >= job.priority:
+            return False
         topo = state.topo
         level, size = req.slices[-1] if req.slices else (req.level, min(req.nodes, topo.max_group_nodes(req.level)))
         cp = self.stmt.checkpoint()
         victims: list[Allocation] = []
         for _ in range(req.nodes // size + 1):
+            # the caller has just failed to place the job, so free something before the first try
+            chosen = self._cheapest_group(req, level, size)
+            if chosen is None:
+                break
+            for vid in chosen:
+                victims.append(self.stmt.release(vid))
             placement = self.policy.place(state, req, ctx)
             if placement is not None:
                 for v in victims:
                     self.held[v.tenant] = self.held.get(v.tenant, 0) - v.gpus
                     self.result.decisions.append(Preempt(v.job_id, job.id, v.checkpointable))
                 self._allocate(req, placement, end, backfilled=False)
+                self.failed_shapes.clear()  # victims may have freed more than this job took
                 return True
-            chosen = self._cheapest_group(req, level, size)
-            if chosen is None:
-                break
-            for vid in chosen:
-                victims.append(self.stmt.release(vid))
         self.stmt.rollback(cp)
+        self.failed_preempt[req.shape_key] = max(job.priority, self.failed_preempt.get(req.shape_key, job.priority))
         return False
 
     def _cheapest_group(self, req: Request, level: int, size: int) -> list[str] | None:
         """Victims that free one more piece of `size` nodes in a single group, cheapest group first."""
-        state, k, prio = self.state, req.k, req.job.priority
+        state, k, prio, exclusive = self.state, req.k, req.job.priority, req.exclusive
+        node_group = state.topo.node_group[level]
+        free, full, usable = state.free, state.full, state.usable
+
+        def fits(n: int, mask: int) -> bool:
+            return mask == full[n] if exclusive else mask.bit_count() >= k
+
         best: tuple[tuple[int, int, int, int], list[str]] | None = None
-        for g, members in enumerate(state.topo.group_nodes[level]):
-            cap = state.count[level][g][k]
-            if cap >= size:
+        for g in range(len(state.topo.group_nodes[level])):
+            fitting = state.count[level][g][k]
+            if fitting >= size:
                 continue
             cands = sorted(
                 (a for j in state.jobs_in_group(level, g) if not (a := state.allocs[j]).hold and a.priority < prio),
                 key=lambda a: (not a.checkpointable, a.priority, a.gpus, a.job_id),
             )
-            freed: dict[int, int] = {}
+            after: dict[int, int] = {}  # free mask of touched nodes once the chosen victims are gone
             chosen: list[Allocation] = []
             for a in cands:
                 chosen.append(a)
                 for n, m in zip(a.nodes, a.masks, strict=True):
-                    freed[n] = freed.get(n, 0) | m
-                fitting = sum(
-                    1 for n in members if state.usable[n] and self._fits_after(n, freed.get(n, 0), k, req.exclusive)
-                )
+                    if node_group[n] != g or not usable[n]:
+                        continue
+                    before = after.get(n, free[n])
+                    after[n] = now = before | (m & full[n])
+                    fitting += fits(n, now) - fits(n, before)
                 if fitting >= size:
                     cost = (sum(not c.checkpointable for c in chosen), sum(c.gpus for c in chosen), len(chosen), g)
                     if best is None or cost < best[0]:
                         best = (cost, [c.job_id for c in chosen])
                     break
         return None if best is None else best[1]
-
-    def _fits_after(self, node: int, freed: int, k: int, exclusive: bool) -> bool:
-        state = self.state
-        free = state.free[node] | (freed & state.full[node])
-        if exclusive:
-            return free == state.full[node] and free.bit_count() >= k
-        return free.bit_count() >= k
