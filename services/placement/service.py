@@ -1,0 +1,107 @@
+"""placement: turns the queue's orders into atomic commits in Redis and commands to the agents.
+
+A PlaceOrder is committed by the Lua script in `shared.store` (every GPU still free, every node up,
+the job holding nothing else), so any number of placement replicas can run side by side: two of them
+can never hand out one GPU twice. Only after the commit do the agents get their StartRank commands.
+A ReleaseOrder frees the job's GPUs at once and tells its agents to stop the ranks.
+Orders are redelivered until acked, and both paths are idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from shared.runtime import Deps, Service
+from shared.schemas import (
+    ORDERS,
+    AllocationRecord,
+    Committed,
+    Order,
+    PlaceOrder,
+    Rejected,
+    Released,
+    ReleaseOrder,
+    StartRank,
+    StopRank,
+)
+
+log = logging.getLogger("rackscale.placement")
+
+
+class PlacementService(Service):
+    name = "placement"
+
+    def __init__(self, deps: Deps) -> None:
+        super().__init__(deps)
+        self.commits = 0
+        self.rejections = 0
+
+    async def start(self) -> None:
+        self.spawn(
+            self.bus.consume(
+                self.names.orders, self.names.consumer(self.name, "orders"), ORDERS, self.handle, self.stop_event
+            ),
+            "orders",
+        )
+
+    async def handle(self, order: Order, headers: Mapping[str, str]) -> None:
+        if isinstance(order, PlaceOrder):
+            await self.place(order, headers)
+        else:
+            await self.release(order, headers)
+
+    async def place(self, order: PlaceOrder, headers: Mapping[str, str]) -> None:
+        rec = AllocationRecord(job_id=order.job_id, attempt=order.attempt, nodes=order.nodes, committed_at=self.now())
+        result = await self.store.commit(rec)
+        key = f"{order.job_id}:{order.attempt}"
+        if not result.ok:
+            self.rejections += 1
+            log.info("order %s rejected: %s", key, result.reason)
+            await self.bus.publish(
+                self.names.placement_events,
+                Rejected(job_id=order.job_id, attempt=order.attempt, reason=result.reason, at=self.now()),
+                msg_id=f"{key}:rejected",
+                headers=headers,
+            )
+            return
+        if not result.duplicate:
+            self.commits += 1
+        # a redelivered order re-sends the same commands: agents and the queue dedupe by msg id
+        held = await self.store.allocation(order.job_id)
+        nodes = held.nodes if held is not None else order.nodes
+        await self.bus.publish(
+            self.names.placement_events,
+            Committed(job_id=order.job_id, attempt=order.attempt, nodes=nodes, at=self.now()),
+            msg_id=f"{key}:committed",
+            headers=headers,
+        )
+        for rank, ng in enumerate(nodes):
+            cmd = StartRank(
+                job_id=order.job_id,
+                attempt=order.attempt,
+                node=ng.node,
+                gpus=ng.gpus,
+                rank=rank,
+                world_size=len(nodes),
+                master_addr=order.master_addr,
+                command=order.command,
+                duration_s=order.duration_s,
+            )
+            await self.bus.publish(self.names.agent_cmd(ng.node), cmd, msg_id=f"{key}:start:{rank}", headers=headers)
+
+    async def release(self, order: ReleaseOrder, headers: Mapping[str, str]) -> None:
+        held = await self.store.allocation(order.job_id)
+        await self.store.release(order.job_id)
+        if held is not None:
+            key = f"{order.job_id}:{held.attempt}"
+            for ng in held.nodes:
+                stop = StopRank(job_id=order.job_id, node=ng.node, reason=order.reason, checkpoint=order.checkpoint)
+                subject = self.names.agent_cmd(ng.node)
+                await self.bus.publish(subject, stop, msg_id=f"{key}:stop:{ng.node}", headers=headers)
+        await self.bus.publish(
+            self.names.placement_events,
+            Released(job_id=order.job_id, reason=order.reason, at=self.now()),
+            msg_id=f"{order.job_id}:{held.attempt if held else 'none'}:released",
+            headers=headers,
+        )

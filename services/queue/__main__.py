@@ -1,0 +1,6 @@
+"""python -m services.queue"""
+
+from services.main import main_for
+from services.queue.service import QueueService
+
+main_for(QueueService)

@@ -1,0 +1,481 @@
+"""queue: owns jobs. Durable intake, the job state machine, and the scheduling cycle.
+
+State machine (every transition is a JobEvent on the job's subject, its audit log):
+
+    pending ──PlaceOrder──▶ (inflight) ──Committed──▶ placed ──all ranks started──▶ running
+       ▲                        │ Rejected / timeout                                   │
+       └────────────────────────┘                                  all ranks exit 0 ──▶ succeeded
+    preempted / node down (requeue) ──▶ pending (attempt + 1)       a rank fails ──▶ failed
+    cancel ──▶ cancelled (from any non-terminal state; GPUs released at once)
+
+Every handler is idempotent (at-least-once delivery): events for another attempt than the job's current
+one are stale and ignored, except a Committed for a job still waiting, which is adopted (the order went
+through after all). Records change only through `Store.update_job` (WATCH/MULTI), so replicas and
+concurrent handlers can't lose each other's writes. Only the replica holding the leader lease runs
+cycles. The cycle itself is the pure core: `shared.core.Scheduler`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from services.inventory.topology import topology_from_records
+from shared.core import Allocate, ClusterState, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
+from shared.core.state import Allocation as CoreAllocation
+from shared.core.state import indices_mask
+from shared.runtime import Deps, Service
+from shared.schemas import (
+    EVENTS,
+    JOB_INTAKE,
+    TERMINAL,
+    Committed,
+    JobCancel,
+    JobEvent,
+    JobRecord,
+    JobState,
+    JobSubmitted,
+    NodeChanged,
+    NodeGpus,
+    PlaceOrder,
+    RankExited,
+    RankStarted,
+    Rejected,
+    Released,
+    ReleaseOrder,
+)
+
+log = logging.getLogger("rackscale.queue")
+
+INFLIGHT_TIMEOUT_S = 15.0  # an order with no answer this long is decided again (with a new attempt)
+LEASE_S = 5.0
+
+
+def job_spec(rec: JobRecord) -> JobSpec:
+    """The core's view of a job record."""
+    s = rec.spec
+    return JobSpec(
+        id=rec.id,
+        gpus=s.gpus,
+        gpus_per_node=s.gpus_per_node,
+        nvlink=s.topology.nvlink,  # type: ignore[arg-type]
+        level=s.topology.level,
+        segment=s.topology.segment,
+        exclusive=s.exclusive,
+        priority=s.priority,
+        tenant=s.tenant,
+        checkpointable=s.checkpointable,
+        expected_runtime_s=s.expected_runtime_s if s.expected_runtime_s is not None else s.duration_s,
+        submit_time=rec.submitted_at,
+    )
+
+
+class QueueService(Service):
+    name = "queue"
+
+    def __init__(self, deps: Deps, config: CycleConfig | None = None) -> None:
+        super().__init__(deps)
+        self.scheduler = Scheduler(config or CycleConfig(policy=deps.settings.policy))
+        self.kick = asyncio.Event()
+        self.instance = uuid.uuid4().hex[:12]
+        self.cycles = 0
+        self._topo_cache: tuple[int, Any] | None = None
+
+    async def start(self) -> None:
+        n, stop = self.names, self.stop_event
+        self.spawn(
+            self.bus.consume(n.job_submit, n.consumer(self.name, "submit"), JOB_INTAKE, self.on_intake, stop), "submit"
+        )
+        self.spawn(
+            self.bus.consume(n.job_cancel, n.consumer(self.name, "cancel"), JOB_INTAKE, self.on_intake, stop), "cancel"
+        )
+        for what, subject in (("placement", n.placement_events), ("agent", n.agent_events), ("node", n.node_events)):
+            self.spawn(self.bus.consume(subject, n.consumer(self.name, what), EVENTS, self.on_event, stop), what)
+        await self.bus.nc.subscribe(n.cycle_kick, cb=self._on_kick)
+        self.spawn(self.cycle_loop(), "cycle")
+
+    async def _on_kick(self, _msg: Any) -> None:
+        self.kick.set()
+
+    # -- events out ----------------------------------------------------------------------------------------
+    async def emit(self, rec: JobRecord, headers: Mapping[str, str] | None = None) -> None:
+        """Publish the record's current state; msg-id dedup makes repeats (redeliveries) harmless."""
+        event = JobEvent(
+            job_id=rec.id,
+            state=rec.state,
+            reason=rec.reason,
+            at=rec.updated_at,
+            attempt=rec.attempt,
+            nodes=rec.allocation if rec.state in (JobState.PLACED, JobState.RUNNING) else [],
+            tenant=rec.spec.tenant,
+        )
+        hdrs = dict(headers or {})
+        if rec.trace and "traceparent" not in hdrs:
+            hdrs["traceparent"] = rec.trace
+        await self.bus.publish(
+            self.names.job_event(rec.id), event, msg_id=f"{rec.id}:{rec.state}:{rec.attempt}", headers=hdrs
+        )
+
+    async def release(self, rec: JobRecord, reason: str, checkpoint: bool = False) -> None:
+        await self.bus.publish(
+            self.names.orders,
+            ReleaseOrder(job_id=rec.id, reason=reason, checkpoint=checkpoint),
+            msg_id=f"{rec.id}:{rec.attempt}:release:{rec.state}",
+        )
+
+    # -- intake --------------------------------------------------------------------------------------------
+    async def on_intake(self, msg: JobSubmitted | JobCancel, headers: Mapping[str, str]) -> None:
+        if isinstance(msg, JobSubmitted):
+            await self.on_submit(msg, headers)
+        else:
+            await self.on_cancel(msg)
+
+    async def on_submit(self, msg: JobSubmitted, headers: Mapping[str, str]) -> None:
+        existing = await self.store.get_job(msg.job_id)
+        if existing is None:
+            now = self.now()
+            rec = JobRecord(
+                id=msg.job_id,
+                spec=msg.spec,
+                state=JobState.PENDING,
+                reason="waiting for the next scheduling cycle",
+                submitted_at=msg.submitted_at,
+                updated_at=now,
+                trace=headers.get("traceparent", ""),
+            )
+            await self.store.put_job(rec, new=True)
+            existing = rec
+        await self.emit(existing, headers)  # also on redelivery: the event may not have gone out
+        self.kick.set()
+
+    async def on_cancel(self, msg: JobCancel) -> None:
+        now = self.now()
+        was: list[JobState] = []
+
+        def cancel(rec: JobRecord) -> JobRecord | None:
+            if rec.state in TERMINAL:
+                return None
+            was.append(rec.state)
+            rec.state, rec.reason, rec.updated_at, rec.ended_at = JobState.CANCELLED, msg.reason, now, now
+            rec.inflight_since = None
+            return rec
+
+        rec, changed = await self.store.update_job(msg.job_id, cancel)
+        if rec is None:
+            return
+        if rec.state is JobState.CANCELLED:
+            # release even if nothing is held: an order may be in flight (idempotent at placement)
+            await self.release(rec, msg.reason)
+            await self.emit(rec)
+        if changed:
+            self.kick.set()
+
+    # -- events in -----------------------------------------------------------------------------------------
+    async def on_event(self, ev: Any, headers: Mapping[str, str]) -> None:
+        if isinstance(ev, Committed):
+            await self.on_committed(ev, headers)
+        elif isinstance(ev, Rejected):
+            await self.on_rejected(ev)
+        elif isinstance(ev, Released):
+            self.kick.set()  # GPUs came free
+        elif isinstance(ev, RankStarted):
+            await self.on_started(ev)
+        elif isinstance(ev, RankExited):
+            await self.on_exited(ev)
+        elif isinstance(ev, NodeChanged):
+            await self.on_node(ev)
+
+    async def on_committed(self, ev: Committed, headers: Mapping[str, str]) -> None:
+        now = self.now()
+        domains = await self._domains([ng.node for ng in ev.nodes])
+
+        def placed(rec: JobRecord) -> JobRecord | None:
+            if rec.state is not JobState.PENDING:
+                return None
+            # adopt the commit even for an older attempt: its order went through after a timeout
+            rec.state, rec.attempt, rec.allocation = JobState.PLACED, ev.attempt, list(ev.nodes)
+            rec.domains, rec.reason, rec.updated_at, rec.inflight_since = domains, "", now, None
+            rec.started_ranks, rec.exit_codes = [], {}
+            return rec
+
+        rec, _ = await self.store.update_job(ev.job_id, placed)
+        if rec is None:
+            return
+        if rec.state in TERMINAL or rec.attempt != ev.attempt:
+            # cancelled (or requeued) while the order was out: give the GPUs back
+            await self.bus.publish(
+                self.names.orders,
+                ReleaseOrder(job_id=rec.id, reason=f"job is {rec.state}"),
+                msg_id=f"{rec.id}:{ev.attempt}:release:stale",
+            )
+            return
+        if rec.state in (JobState.PLACED, JobState.RUNNING):
+            await self.emit(rec, headers)
+
+    async def on_rejected(self, ev: Rejected) -> None:
+        now = self.now()
+
+        def back(rec: JobRecord) -> JobRecord | None:
+            if rec.state is not JobState.PENDING or rec.attempt != ev.attempt or rec.inflight_since is None:
+                return None
+            rec.inflight_since, rec.reason, rec.updated_at = None, f"placement retry: {ev.reason}", now
+            return rec
+
+        _, changed = await self.store.update_job(ev.job_id, back)
+        if changed:
+            self.kick.set()
+
+    async def on_started(self, ev: RankStarted) -> None:
+        now = self.now()
+
+        def started(rec: JobRecord) -> JobRecord | None:
+            if rec.attempt != ev.attempt or rec.state not in (JobState.PLACED, JobState.RUNNING):
+                return None
+            if ev.rank in rec.started_ranks:
+                return None
+            rec.started_ranks = sorted([*rec.started_ranks, ev.rank])
+            if len(rec.started_ranks) == len(rec.allocation) and rec.state is JobState.PLACED:
+                rec.state, rec.started_at, rec.updated_at = JobState.RUNNING, now, now
+            return rec
+
+        rec, _changed = await self.store.update_job(ev.job_id, started)
+        if rec is not None and rec.state is JobState.RUNNING and rec.attempt == ev.attempt:
+            await self.emit(rec)
+
+    async def on_exited(self, ev: RankExited) -> None:
+        now = self.now()
+
+        def exited(rec: JobRecord) -> JobRecord | None:
+            if rec.attempt != ev.attempt or rec.state not in (JobState.PLACED, JobState.RUNNING):
+                return None
+            key = f"{ev.node}/{ev.rank}"
+            if key in rec.exit_codes:
+                return None
+            rec.exit_codes = {**rec.exit_codes, key: ev.exit_code}
+            rec.updated_at = now
+            if ev.exit_code != 0:
+                rec.state, rec.ended_at = JobState.FAILED, now
+                rec.reason = f"rank {ev.rank} on {ev.node} exited with {ev.exit_code}" + (
+                    f" ({ev.reason})" if ev.reason else ""
+                )
+            elif len(rec.exit_codes) == len(rec.allocation):
+                rec.state, rec.ended_at, rec.reason = JobState.SUCCEEDED, now, ""
+            return rec
+
+        rec, _ = await self.store.update_job(ev.job_id, exited)
+        if rec is not None and rec.state in (JobState.SUCCEEDED, JobState.FAILED) and rec.attempt == ev.attempt:
+            await self.release(rec, f"job {rec.state}")
+            await self.emit(rec)
+            self.kick.set()
+
+    async def on_node(self, ev: NodeChanged) -> None:
+        if ev.state != "down":
+            self.kick.set()
+            return
+        now = self.now()
+        for rec in await self.store.active_jobs():
+            if rec.state not in (JobState.PLACED, JobState.RUNNING):
+                continue
+            if not any(ng.node == ev.node for ng in rec.allocation):
+                continue
+            attempt = rec.attempt
+
+            def fail_or_requeue(r: JobRecord, attempt: int = attempt) -> JobRecord | None:
+                if r.attempt != attempt or r.state not in (JobState.PLACED, JobState.RUNNING):
+                    return None
+                reason = f"node {ev.node} went down: {ev.reason}"
+                if r.spec.on_node_failure == "fail":
+                    r.state, r.ended_at, r.reason = JobState.FAILED, now, reason
+                else:
+                    r.state, r.reason = JobState.PENDING, f"requeued: {reason}"
+                    r.attempt, r.allocation, r.domains, r.started_ranks, r.exit_codes = attempt + 1, [], [], [], {}
+                r.updated_at = now
+                return r
+
+            new, changed = await self.store.update_job(rec.id, fail_or_requeue)
+            if new is not None and changed:
+                await self.bus.publish(
+                    self.names.orders,
+                    ReleaseOrder(job_id=rec.id, reason=f"node {ev.node} down"),
+                    msg_id=f"{rec.id}:{attempt}:release:node",
+                )
+                await self.emit(new)
+        self.kick.set()
+
+    # -- the cycle -----------------------------------------------------------------------------------------
+    async def cycle_loop(self) -> None:
+        interval = self.deps.settings.cycle_interval_s
+        while not self.stop_event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.kick.wait(), timeout=interval)
+            self.kick.clear()
+            if self.stop_event.is_set():
+                break
+            try:
+                if await self._lead():
+                    await self.run_cycle()
+            except Exception:
+                log.exception("scheduling cycle failed; next one on the timer")
+
+    async def _lead(self) -> bool:
+        """Hold (or take) the leader lease: one queue replica runs cycles at a time."""
+        r, key = self.store.r, self.names.queue_leader_key
+        ms = int(LEASE_S * 1000)
+        if await r.set(key, self.instance, nx=True, px=ms):
+            return True
+        holder = await r.get(key)
+        if holder is not None and holder.decode() == self.instance:
+            await r.pexpire(key, ms)
+            return True
+        return False
+
+    async def _topology(self) -> tuple[Any, Any]:
+        gen = await self.store.topology_generation()
+        if self._topo_cache is None or self._topo_cache[0] != gen:
+            self._topo_cache = (gen, topology_from_records(await self.store.nodes()))
+        return self._topo_cache[1]
+
+    async def _domains(self, nodes: list[str]) -> list[str]:
+        topo, _ = await self._topology()
+        seen: dict[str, None] = {}
+        for name in nodes:
+            idx = topo.node_index.get(name)
+            if idx is not None:
+                seen.setdefault(topo.group_names[topo.domain][topo.node_group[topo.domain][idx]])
+        return list(seen)
+
+    async def run_cycle(self) -> None:
+        now = self.now()
+        self.cycles += 1
+        topo, health = await self._topology()
+        state = ClusterState(topo, health)
+        jobs = {r.id: r for r in await self.store.active_jobs()}
+        held: set[str] = set()
+        for alloc in await self.store.allocations():
+            rec = jobs.get(alloc.job_id)
+            self._occupy(state, alloc.job_id, alloc.nodes, rec, now)
+            held.add(alloc.job_id)
+        pending: list[JobSpec] = []
+        for rec in jobs.values():
+            if rec.state is not JobState.PENDING:
+                continue
+            if rec.inflight_since is not None:
+                if now - rec.inflight_since < INFLIGHT_TIMEOUT_S:
+                    if rec.id not in held:
+                        self._occupy(state, rec.id, rec.allocation, rec, now)  # its order is on its way
+                    continue
+                await self._expire_inflight(rec, now)
+                continue
+            pending.append(job_spec(rec))
+        if not pending:
+            return
+        result = self.scheduler.cycle(state, pending, now)
+        for d in result.decisions:
+            if isinstance(d, Allocate):
+                await self._order(jobs[d.job_id], d, topo, now)
+            elif isinstance(d, Preempt):
+                await self._preempt(d, now)
+            elif isinstance(d, Pending | Reserve):
+                await self._set_reason(d.job_id, d.reason, now)
+
+    def _occupy(
+        self, state: ClusterState, job_id: str, nodes: list[NodeGpus], rec: JobRecord | None, now: float
+    ) -> None:
+        idx = [state.topo.node_index.get(ng.node) for ng in nodes]
+        if any(i is None for i in idx):
+            log.warning("job %s holds GPUs on nodes unknown to inventory: %s", job_id, nodes)
+            return
+        spec = job_spec(rec) if rec is not None else None
+        runtime = spec.expected_runtime_s if spec is not None and spec.expected_runtime_s is not None else 3600.0
+        start = rec.started_at if rec is not None and rec.started_at else now
+        state.allocate(
+            CoreAllocation(
+                job_id,
+                tuple(i for i in idx if i is not None),
+                tuple(indices_mask(ng.gpus) for ng in nodes),
+                priority=spec.priority if spec else 0,
+                tenant=spec.tenant if spec else "",
+                checkpointable=spec.checkpointable if spec else False,
+                start=start,
+                expected_end=max(start + runtime, now),
+            )
+        )
+
+    async def _order(self, rec: JobRecord, d: Allocate, topo: Any, now: float) -> None:
+        nodes = [NodeGpus(n, list(g)) for n, g in d.gpus_by_node(topo).items()]
+        attempt = rec.attempt + 1
+
+        def inflight(r: JobRecord) -> JobRecord | None:
+            if r.state is not JobState.PENDING or r.inflight_since is not None:
+                return None  # cancelled or decided by someone else meanwhile
+            r.attempt, r.inflight_since, r.allocation = attempt, now, nodes
+            r.reason, r.updated_at = "placing", now
+            return r
+
+        new, changed = await self.store.update_job(rec.id, inflight)
+        if not changed or new is None:
+            return
+        order = PlaceOrder(
+            job_id=rec.id,
+            attempt=attempt,
+            nodes=nodes,
+            master_addr=nodes[0].node,
+            command=list(rec.spec.command),
+            duration_s=rec.spec.duration_s,
+            decided_at=now,
+        )
+        hdrs = {"traceparent": rec.trace} if rec.trace else None
+        await self.bus.publish(self.names.orders, order, msg_id=f"{rec.id}:{attempt}:place", headers=hdrs)
+
+    async def _expire_inflight(self, rec: JobRecord, now: float) -> None:
+        held = await self.store.allocation(rec.id)
+        if held is not None:
+            return  # committed; the Committed event is on its way
+        attempt = rec.attempt
+
+        def retry(r: JobRecord) -> JobRecord | None:
+            if r.state is not JobState.PENDING or r.attempt != attempt or r.inflight_since is None:
+                return None
+            r.inflight_since, r.reason, r.updated_at = None, "placement did not answer; deciding again", now
+            return r
+
+        await self.store.update_job(rec.id, retry)
+
+    async def _preempt(self, d: Preempt, now: float) -> None:
+        def requeue(r: JobRecord) -> JobRecord | None:
+            if r.state not in (JobState.PLACED, JobState.RUNNING):
+                return None
+            r.state, r.reason, r.updated_at = JobState.PREEMPTED, f"preempted for job {d.for_job}", now
+            return r
+
+        rec, changed = await self.store.update_job(d.job_id, requeue)
+        if rec is None or not changed:
+            return
+        await self.release(rec, rec.reason, checkpoint=d.checkpoint)
+        await self.emit(rec)
+        attempt = rec.attempt
+
+        def pending(r: JobRecord) -> JobRecord | None:
+            if r.state is not JobState.PREEMPTED or r.attempt != attempt:
+                return None
+            r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, attempt + 1, [], []
+            r.started_ranks, r.exit_codes, r.updated_at = [], {}, now
+            r.reason = f"requeued after preemption for job {d.for_job}"
+            return r
+
+        rec, changed = await self.store.update_job(d.job_id, pending)
+        if rec is not None and changed:
+            await self.emit(rec)
+
+    async def _set_reason(self, job_id: str, reason: str, now: float) -> None:
+        def why(r: JobRecord) -> JobRecord | None:
+            if r.state is not JobState.PENDING or r.inflight_since is not None or r.reason == reason:
+                return None
+            r.reason, r.updated_at = reason, now
+            return r
+
+        await self.store.update_job(job_id, why)

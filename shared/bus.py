@@ -1,0 +1,183 @@
+"""NATS and JetStream for the services: streams, publishing, and consumer loops that never die.
+
+- `ensure_streams` creates (or updates) every stream in `Names.streams`.
+- `publish` goes to JetStream with a `Nats-Msg-Id` (dedup inside the stream's window) and whatever
+  headers the caller adds (trace context rides in `traceparent`).
+- `consume` runs a durable pull consumer shared by a service's replicas: at-least-once, so handlers
+  are idempotent. A message that doesn't decode is logged with the field path, published to the
+  service's dead-letter subject and terminated; a handler that raises is retried later (nak with
+  delay). Neither ends the loop. On stop, the batch in hand is finished and acked before returning.
+- `subscribe` does the same for core NATS subjects (fire-and-forget reports, request/reply).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import msgspec
+import nats
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+
+from shared.names import Names
+from shared.schemas import DeadLetter, encode
+
+log = logging.getLogger("rackscale.bus")
+
+T = TypeVar("T")
+Handler = Callable[[T, Mapping[str, str]], Awaitable[None]]
+
+DUPLICATE_WINDOW_S = 120.0
+
+
+class Bus:
+    def __init__(self, nc: NatsClient, names: Names, service: str) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.names = names
+        self.service = service
+        self.dead_letters = 0  # count, for metrics and tests
+
+    @classmethod
+    async def connect(cls, url: str, names: Names, service: str) -> Bus:
+        nc = await nats.connect(
+            url,
+            name=f"rackscale-{service}",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+        )
+        return cls(nc, names, service)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+
+    # -- streams ---------------------------------------------------------------------------------------
+    async def ensure_streams(self, replicas: int = 1) -> None:
+        for spec in self.names.streams:
+            cfg = StreamConfig(
+                name=spec.name,
+                subjects=list(spec.subjects),
+                storage=StorageType.FILE,
+                num_replicas=replicas,
+                duplicate_window=DUPLICATE_WINDOW_S,
+            )
+            try:
+                await self.js.stream_info(spec.name)
+                await self.js.update_stream(cfg)
+            except NotFoundError:
+                await self.js.add_stream(cfg)
+
+    # -- publishing ------------------------------------------------------------------------------------
+    async def publish(
+        self, subject: str, msg: msgspec.Struct, *, msg_id: str | None = None, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """Durable publish: returns once JetStream has stored the message."""
+        hdrs = dict(headers or {})
+        if msg_id:
+            hdrs["Nats-Msg-Id"] = msg_id
+        await self.js.publish(subject, encode(msg), headers=hdrs or None)
+
+    async def publish_core(self, subject: str, msg: msgspec.Struct, headers: Mapping[str, str] | None = None) -> None:
+        await self.nc.publish(subject, encode(msg), headers=dict(headers) if headers else None)
+
+    async def request(self, subject: str, msg: msgspec.Struct, timeout: float = 2.0) -> bytes:
+        reply = await self.nc.request(subject, encode(msg), timeout=timeout)
+        return reply.data
+
+    # -- consuming -------------------------------------------------------------------------------------
+    async def dead_letter(self, subject: str, data: bytes, error: str) -> None:
+        self.dead_letters += 1
+        log.error("dead-lettered a message on %s: %s", subject, error)
+        letter = DeadLetter(service=self.service, subject=subject, error=error, data=data, at=time.time())
+        try:
+            await self.publish(self.names.dead_letter(self.service), letter)
+        except Exception:  # the log line above is the record of last resort
+            log.exception("could not publish the dead letter for %s", subject)
+
+    async def consume(
+        self,
+        subject: str,
+        durable: str,
+        decoder: msgspec.msgpack.Decoder[Any],
+        handler: Handler[Any],
+        stop: asyncio.Event,
+        *,
+        batch: int = 64,
+        ack_wait_s: float = 30.0,
+        retry_delay_s: float = 0.5,
+        ready: asyncio.Event | None = None,
+    ) -> None:
+        """Run a durable pull consumer until `stop` is set."""
+        stream = self.names.stream_for(subject)
+        config = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=ack_wait_s,
+            max_ack_pending=10_000,
+        )
+        sub = await self.js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
+        if ready is not None:
+            ready.set()
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(batch, timeout=0.25)
+            except nats.errors.TimeoutError:
+                continue
+            except Exception:
+                if stop.is_set():
+                    break
+                log.exception("fetch on %s failed; retrying", subject)
+                await asyncio.sleep(retry_delay_s)
+                continue
+            for m in msgs:
+                await self._handle(m, decoder, handler, retry_delay_s)
+
+    async def _handle(self, m: Msg, decoder: msgspec.msgpack.Decoder[Any], handler: Handler[Any], delay: float) -> None:
+        try:
+            obj = decoder.decode(m.data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            await self.dead_letter(m.subject, m.data, str(e))
+            with contextlib.suppress(Exception):
+                await m.term()
+            return
+        try:
+            await handler(obj, m.headers or {})
+        except Exception:
+            log.exception("handler for %s failed; will retry", m.subject)
+            with contextlib.suppress(Exception):
+                await m.nak(delay=delay)
+            return
+        with contextlib.suppress(Exception):
+            await m.ack()
+
+    async def subscribe(
+        self,
+        subject: str,
+        decoder: msgspec.msgpack.Decoder[Any],
+        handler: Callable[[Any, Msg], Awaitable[None]],
+        *,
+        queue: str = "",
+    ) -> Any:
+        """Core NATS subscription (queue group across replicas) with the same dead-letter rule."""
+
+        async def on_msg(m: Msg) -> None:
+            try:
+                obj = decoder.decode(m.data)
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                await self.dead_letter(m.subject, m.data, str(e))
+                return
+            try:
+                await handler(obj, m)
+            except Exception:
+                log.exception("handler for %s failed", m.subject)
+
+        return await self.nc.subscribe(subject, queue=queue, cb=on_msg)

@@ -1,0 +1,159 @@
+"""Every NATS subject, JetStream stream and consumer, and Redis key pattern — defined once, here.
+
+A `Names` is built from a prefix (default ``rackscale``; tests use a unique one so they can share a
+server) and a scheduling cell. All Redis keys of a cell share the hash tag ``{cell}``, so one Lua
+script can touch any of them atomically, also on Redis Cluster.
+
+Who writes what (one writer per Redis key family):
+  inventory  node:*, nodestate:*, nodes, topo:gen      placement  gpus:*, alloc:*, allocs
+  queue      job:*, jobs, jobs:active, queue:leader
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    name: str
+    subjects: tuple[str, ...]
+    # streams whose loss loses accepted work are synced to disk on every write (see README, durability)
+    sync_always: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Names:
+    prefix: str = "rackscale"
+    cell: str = "c0"
+
+    # -- subjects: JetStream (durable) ------------------------------------------------------------------
+    @property
+    def job_submit(self) -> str:
+        return f"{self.prefix}.jobs.submit"  # gateway → queue: JobSubmitted
+
+    @property
+    def job_cancel(self) -> str:
+        return f"{self.prefix}.jobs.cancel"  # gateway → queue: JobCancel
+
+    @property
+    def orders(self) -> str:
+        return f"{self.prefix}.orders.{self.cell}"  # queue → placement: PlaceOrder / PreemptOrder / ReleaseOrder
+
+    def agent_cmd(self, node: str) -> str:
+        return f"{self.prefix}.agent.cmd.{node}"  # placement → one agent: StartRank / StopRank
+
+    @property
+    def agent_cmd_all(self) -> str:
+        return f"{self.prefix}.agent.cmd.>"
+
+    def job_event(self, job_id: str) -> str:
+        return f"{self.prefix}.events.job.{job_id}"  # queue → anyone: JobEvent (the job's audit log)
+
+    @property
+    def job_events_all(self) -> str:
+        return f"{self.prefix}.events.job.>"
+
+    @property
+    def placement_events(self) -> str:
+        return f"{self.prefix}.events.placement"  # placement → queue: Committed / Rejected / Released
+
+    @property
+    def agent_events(self) -> str:
+        return f"{self.prefix}.events.agent"  # agents → queue: RankStarted / RankExited
+
+    @property
+    def node_events(self) -> str:
+        return f"{self.prefix}.events.node"  # inventory → queue, gateway: NodeChanged
+
+    # -- subjects: core NATS (fire-and-forget or request/reply) --------------------------------------------
+    @property
+    def agent_register(self) -> str:
+        return f"{self.prefix}.agent.register"  # agent → inventory: AgentRegister
+
+    @property
+    def agent_heartbeat(self) -> str:
+        return f"{self.prefix}.agent.heartbeat"  # agent → inventory: Heartbeat
+
+    @property
+    def node_admin(self) -> str:
+        return f"{self.prefix}.nodes.admin"  # gateway → inventory (request/reply): NodeAdmin
+
+    @property
+    def cycle_kick(self) -> str:
+        return f"{self.prefix}.queue.kick"  # anyone → queue: run a cycle soon
+
+    def dead_letter(self, service: str) -> str:
+        return f"{self.prefix}.dlq.{service}"  # malformed messages, with the error and the original subject
+
+    # -- streams and consumers ---------------------------------------------------------------------------
+    def _stream(self, suffix: str) -> str:
+        return f"{self.prefix.upper().replace('.', '_').replace('-', '_')}_{suffix}"
+
+    @property
+    def streams(self) -> tuple[StreamSpec, ...]:
+        return (
+            StreamSpec(self._stream("JOBS"), (self.job_submit, self.job_cancel), sync_always=True),
+            StreamSpec(self._stream("ORDERS"), (f"{self.prefix}.orders.>",), sync_always=True),
+            StreamSpec(self._stream("AGENT"), (self.agent_cmd_all,), sync_always=True),
+            StreamSpec(self._stream("EVENTS"), (f"{self.prefix}.events.>",), sync_always=True),
+            StreamSpec(self._stream("DLQ"), (f"{self.prefix}.dlq.>",), sync_always=False),
+        )
+
+    def stream_for(self, subject: str) -> str:
+        for spec in self.streams:
+            for pattern in spec.subjects:
+                if subject == pattern or (pattern.endswith(">") and subject.startswith(pattern[:-1])):
+                    return spec.name
+        raise KeyError(f"no stream holds subject {subject!r}")
+
+    def consumer(self, service: str, what: str) -> str:
+        """Durable consumer name: shared by a service's replicas (they split the work)."""
+        return f"{service}-{what}".replace(".", "-")
+
+    # -- Redis keys --------------------------------------------------------------------------------------
+    def _key(self, rest: str) -> str:
+        return f"{self.prefix}:{{{self.cell}}}:{rest}"
+
+    def node_key(self, node: str) -> str:
+        return self._key(f"node:{node}")  # hash: the agent's report, state, last heartbeat
+
+    def node_state_key(self, node: str) -> str:
+        return self._key(f"nodestate:{node}")  # string up|draining|down, read by the commit script
+
+    @property
+    def nodes_key(self) -> str:
+        return self._key("nodes")  # set of node names
+
+    @property
+    def topo_gen_key(self) -> str:
+        return self._key("topo:gen")  # counter, bumped on every topology or health change
+
+    def job_key(self, job_id: str) -> str:
+        return self._key(f"job:{job_id}")  # string: JobRecord (msgpack)
+
+    @property
+    def jobs_key(self) -> str:
+        return self._key("jobs")  # zset: job id by submit order (listing)
+
+    @property
+    def active_jobs_key(self) -> str:
+        return self._key("jobs:active")  # set: ids of jobs not yet terminal
+
+    def gpus_key(self, node: str) -> str:
+        return self._key(f"gpus:{node}")  # hash: GPU index → job id
+
+    def alloc_key(self, job_id: str) -> str:
+        return self._key(f"alloc:{job_id}")  # hash: attempt, record (AllocationRecord, msgpack)
+
+    @property
+    def allocs_key(self) -> str:
+        return self._key("allocs")  # set: job ids holding GPUs
+
+    @property
+    def queue_leader_key(self) -> str:
+        return self._key("queue:leader")  # string: the queue replica that runs cycles (SET NX PX lease)
+
+    @property
+    def key_pattern(self) -> str:
+        return self._key("*")  # everything of this cell (tests and `rackscale up` clean-up)

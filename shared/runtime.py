@@ -1,0 +1,123 @@
+"""The common service shell: dependencies, tasks, signals and graceful drain.
+
+A service is built with explicit dependencies (`Deps`: settings, names, bus, store, clock) and
+implements `start()` (spawn its loops with `self.spawn`) and optionally `on_stop()`. `run()` handles
+SIGTERM/SIGINT: set the stop event, let every loop finish the message in hand (consumers ack what
+they processed and leave the rest in JetStream), then close the connections. Nothing accepted is lost:
+unacked messages are redelivered to the next replica or the restarted process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.bus import Bus
+from shared.names import Names
+from shared.settings import Settings
+from shared.store import Store
+
+Clock = Callable[[], float]
+
+log = logging.getLogger("rackscale.runtime")
+
+
+@dataclass(slots=True)
+class Deps:
+    settings: Settings
+    names: Names
+    bus: Bus
+    store: Store
+    clock: Clock = field(default=time.time)
+
+    @classmethod
+    async def connect(cls, settings: Settings, service: str, nats_url: str, redis_url: str, names: Names) -> Deps:
+        bus = await Bus.connect(nats_url, names, service)
+        await bus.ensure_streams()
+        return cls(settings=settings, names=names, bus=bus, store=Store.from_url(redis_url, names))
+
+    async def close(self) -> None:
+        await self.bus.close()
+        await self.store.close()
+
+
+class Service:
+    name = "service"
+
+    def __init__(self, deps: Deps) -> None:
+        self.deps = deps
+        self.stop_event = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    @property
+    def names(self) -> Names:
+        return self.deps.names
+
+    @property
+    def bus(self) -> Bus:
+        return self.deps.bus
+
+    @property
+    def store(self) -> Store:
+        return self.deps.store
+
+    def now(self) -> float:
+        return self.deps.clock()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(self._guard(coro, name), name=f"{self.name}:{name}")
+        self._tasks.append(task)
+        return task
+
+    async def _guard(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s: loop %s crashed", self.name, name)
+            raise
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def on_stop(self) -> None:
+        """Hook for services that hold resources beyond their loops (agents: child processes)."""
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        self.stop_event.set()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=grace_s)
+            for t in pending:
+                t.cancel()
+            for t in pending:
+                with contextlib.suppress(BaseException):
+                    await t
+        await self.on_stop()
+
+    async def wait(self) -> None:
+        await self.stop_event.wait()
+
+
+async def run(service: Service) -> None:
+    """Run until SIGTERM/SIGINT, then drain gracefully."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, service.stop_event.set)
+    await service.start()
+    log.info("%s started", service.name)
+    await service.wait()
+    log.info("%s stopping", service.name)
+    await service.stop()
+    await service.deps.close()
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,247 @@
+"""Rack state in Redis: the typed reads and writes each service makes, and the Lua commit.
+
+Each key family has one writer (see `shared.names`). The commit script is the only way GPUs are
+handed out: it checks, in one atomic step, that the job holds nothing yet (or holds exactly this
+attempt: a redelivered order is a no-op), that every chosen node is up and every chosen GPU is free,
+and only then marks them. Two placement replicas can therefore never hand out one GPU twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import WatchError
+
+from shared.names import Names
+from shared.schemas import (
+    ALLOCATION_RECORD,
+    JOB_RECORD,
+    NODE_RECORD,
+    TERMINAL,
+    AllocationRecord,
+    JobRecord,
+    JobState,
+    NodeGpus,
+    NodeRecord,
+    encode,
+)
+
+# KEYS: alloc:{job}, allocs, gpus:{node_1..n}, nodestate:{node_1..n}
+# ARGV: job_id, attempt, record, n, gpu lists ("0,1,2,3") for nodes 1..n
+COMMIT_LUA = """
+local n = tonumber(ARGV[4])
+local held = redis.call('HGET', KEYS[1], 'attempt')
+if held then
+  if held == ARGV[2] then return {'dup'} end
+  return {'conflict', 'job already holds GPUs for attempt ' .. held}
+end
+for i = 1, n do
+  local st = redis.call('GET', KEYS[2 + n + i])
+  if st ~= 'up' then return {'node_unavailable', KEYS[2 + n + i], st or 'unknown'} end
+  for gpu in string.gmatch(ARGV[4 + i], '[^,]+') do
+    local owner = redis.call('HGET', KEYS[2 + i], gpu)
+    if owner then return {'gpu_taken', KEYS[2 + i], gpu, owner} end
+  end
+end
+for i = 1, n do
+  for gpu in string.gmatch(ARGV[4 + i], '[^,]+') do
+    redis.call('HSET', KEYS[2 + i], gpu, ARGV[1])
+  end
+end
+redis.call('HSET', KEYS[1], 'attempt', ARGV[2], 'record', ARGV[3])
+redis.call('SADD', KEYS[2], ARGV[1])
+return {'ok'}
+"""
+
+# KEYS: alloc:{job}, allocs, gpus:{node_1..n}; ARGV: job_id, n, gpu lists. Frees only GPUs the job owns.
+RELEASE_LUA = """
+local n = tonumber(ARGV[2])
+for i = 1, n do
+  for gpu in string.gmatch(ARGV[2 + i], '[^,]+') do
+    if redis.call('HGET', KEYS[2 + i], gpu) == ARGV[1] then redis.call('HDEL', KEYS[2 + i], gpu) end
+  end
+end
+local existed = redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+return existed
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    ok: bool
+    duplicate: bool = False
+    reason: str = ""
+
+
+class Store:
+    """Typed access to one cell's keys. Explicit dependency: built from a client and `Names`."""
+
+    def __init__(self, client: aioredis.Redis, names: Names) -> None:
+        self.r = client
+        self.names = names
+        self._commit = client.register_script(COMMIT_LUA)
+        self._release = client.register_script(RELEASE_LUA)
+
+    @classmethod
+    def from_url(cls, url: str, names: Names) -> Store:
+        return cls(aioredis.from_url(url, decode_responses=False), names)
+
+    async def close(self) -> None:
+        await self.r.aclose()
+
+    # -- inventory: nodes ------------------------------------------------------------------------------
+    async def put_node(self, rec: NodeRecord, *, topology_changed: bool = True) -> None:
+        """Write a node; heartbeats pass topology_changed=False so readers' topology caches stay valid."""
+        n = self.names
+        async with self.r.pipeline(transaction=True) as p:
+            p.set(n.node_key(rec.name), encode(rec))
+            p.set(n.node_state_key(rec.name), rec.state)
+            p.sadd(n.nodes_key, rec.name)
+            if topology_changed:
+                p.incr(n.topo_gen_key)
+            await p.execute()
+
+    async def get_node(self, name: str) -> NodeRecord | None:
+        raw = await self.r.get(self.names.node_key(name))
+        return NODE_RECORD.decode(raw) if raw else None
+
+    async def nodes(self) -> list[NodeRecord]:
+        names = sorted(m.decode() for m in await self.r.smembers(self.names.nodes_key))
+        if not names:
+            return []
+        raws = await self.r.mget([self.names.node_key(x) for x in names])
+        return [NODE_RECORD.decode(raw) for raw in raws if raw]
+
+    async def topology_generation(self) -> int:
+        return int(await self.r.get(self.names.topo_gen_key) or 0)
+
+    # -- queue: jobs -----------------------------------------------------------------------------------
+    async def put_job(self, rec: JobRecord, *, new: bool = False) -> None:
+        n = self.names
+        async with self.r.pipeline(transaction=True) as p:
+            p.set(n.job_key(rec.id), encode(rec))
+            if new:
+                p.zadd(n.jobs_key, {rec.id: rec.submitted_at}, nx=True)
+            if rec.state in TERMINAL:
+                p.srem(n.active_jobs_key, rec.id)
+            else:
+                p.sadd(n.active_jobs_key, rec.id)
+            await p.execute()
+
+    async def update_job(
+        self, job_id: str, change: Callable[[JobRecord], JobRecord | None]
+    ) -> tuple[JobRecord | None, bool]:
+        """Read-modify-write one job atomically (WATCH/MULTI, retried on a concurrent write).
+
+        `change` gets the current record and returns the new one, or None for "no change". Returns the
+        record as stored afterwards and whether it changed; (None, False) when the job doesn't exist.
+        """
+        key = self.names.job_key(job_id)
+        async with self.r.pipeline(transaction=True) as p:
+            while True:
+                try:
+                    await p.watch(key)
+                    raw = await p.get(key)
+                    if raw is None:
+                        await p.unwatch()
+                        return None, False
+                    new = change(JOB_RECORD.decode(raw))
+                    if new is None:
+                        await p.unwatch()
+                        return JOB_RECORD.decode(raw), False
+                    p.multi()
+                    p.set(key, encode(new))
+                    if new.state in TERMINAL:
+                        p.srem(self.names.active_jobs_key, job_id)
+                    else:
+                        p.sadd(self.names.active_jobs_key, job_id)
+                    await p.execute()
+                    return new, True
+                except WatchError:
+                    continue
+
+    async def get_job(self, job_id: str) -> JobRecord | None:
+        raw = await self.r.get(self.names.job_key(job_id))
+        return JOB_RECORD.decode(raw) if raw else None
+
+    async def get_jobs(self, ids: Iterable[str]) -> list[JobRecord]:
+        ids = list(ids)
+        if not ids:
+            return []
+        raws = await self.r.mget([self.names.job_key(i) for i in ids])
+        return [JOB_RECORD.decode(raw) for raw in raws if raw]
+
+    async def active_jobs(self) -> list[JobRecord]:
+        ids = sorted(m.decode() for m in await self.r.smembers(self.names.active_jobs_key))
+        return await self.get_jobs(ids)
+
+    async def list_jobs(
+        self, *, tenant: str | None = None, state: JobState | None = None, offset: int = 0, limit: int = 50
+    ) -> tuple[list[JobRecord], int]:
+        """Jobs in submit order, filtered; returns (page, total matching). Scans in chunks: fine at our scale."""
+        out: list[JobRecord] = []
+        matched = 0
+        start, chunk = 0, 500
+        while True:
+            ids = [m.decode() for m in await self.r.zrange(self.names.jobs_key, start, start + chunk - 1)]
+            if not ids:
+                break
+            for rec in await self.get_jobs(ids):
+                if (tenant is None or rec.spec.tenant == tenant) and (state is None or rec.state == state):
+                    if offset <= matched < offset + limit:
+                        out.append(rec)
+                    matched += 1
+            start += chunk
+        return out, matched
+
+    # -- placement: allocations ------------------------------------------------------------------------
+    async def commit(self, rec: AllocationRecord) -> CommitResult:
+        n = self.names
+        nodes = [ng.node for ng in rec.nodes]
+        keys = [n.alloc_key(rec.job_id), n.allocs_key]
+        keys += [n.gpus_key(x) for x in nodes] + [n.node_state_key(x) for x in nodes]
+        args = [rec.job_id, str(rec.attempt), encode(rec), str(len(nodes))]
+        args += [",".join(str(g) for g in ng.gpus) for ng in rec.nodes]
+        res = [x.decode() if isinstance(x, bytes) else str(x) for x in await self._commit(keys=keys, args=args)]
+        if res[0] == "ok":
+            return CommitResult(True)
+        if res[0] == "dup":
+            return CommitResult(True, duplicate=True)
+        return CommitResult(False, reason=" ".join(res))
+
+    async def release(self, job_id: str) -> bool:
+        """Free the job's GPUs; False when it held none (already released: idempotent)."""
+        n = self.names
+        raw = await self.r.hget(n.alloc_key(job_id), "record")
+        if raw is None:
+            await self.r.srem(n.allocs_key, job_id)
+            return False
+        rec = ALLOCATION_RECORD.decode(raw)
+        keys = [n.alloc_key(job_id), n.allocs_key] + [n.gpus_key(ng.node) for ng in rec.nodes]
+        args = [job_id, str(len(rec.nodes))] + [",".join(str(g) for g in ng.gpus) for ng in rec.nodes]
+        return bool(await self._release(keys=keys, args=args))
+
+    async def allocation(self, job_id: str) -> AllocationRecord | None:
+        raw = await self.r.hget(self.names.alloc_key(job_id), "record")
+        return ALLOCATION_RECORD.decode(raw) if raw else None
+
+    async def allocations(self) -> list[AllocationRecord]:
+        ids = sorted(m.decode() for m in await self.r.smembers(self.names.allocs_key))
+        if not ids:
+            return []
+        async with self.r.pipeline(transaction=False) as p:
+            for i in ids:
+                p.hget(self.names.alloc_key(i), "record")
+            raws = await p.execute()
+        return [ALLOCATION_RECORD.decode(raw) for raw in raws if raw]
+
+    async def gpu_owners(self, node: str) -> dict[int, str]:
+        raw = await self.r.hgetall(self.names.gpus_key(node))
+        return {int(k): v.decode() for k, v in raw.items()}
+
+
+def node_gpus(pairs: Iterable[tuple[str, Iterable[int]]]) -> list[NodeGpus]:
+    return [NodeGpus(node, sorted(gpus)) for node, gpus in pairs]
