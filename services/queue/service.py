@@ -8,11 +8,12 @@ State machine (every transition is a JobEvent on the job's subject, its audit lo
     preempted / node down (requeue) ──▶ pending (attempt + 1)       a rank fails ──▶ failed
     cancel ──▶ cancelled (from any non-terminal state; GPUs released at once)
 
-Every handler is idempotent (at-least-once delivery): events for another attempt than the job's current
-one are stale and ignored, except a Committed for a job still waiting, which is adopted (the order went
-through after all). Records change only through `Store.update_job` (WATCH/MULTI), so replicas and
-concurrent handlers can't lose each other's writes. Only the replica holding the leader lease runs
-cycles. The cycle itself is the pure core: `shared.core.Scheduler`.
+A job's event always goes out before the order that frees its GPUs, so the event log alone shows
+who held which GPU when. Every handler is idempotent (at-least-once delivery): events for another
+attempt than the job's current one are stale and ignored, except a Committed for a job still waiting,
+which is adopted (the order went through after all). Records change only through `Store.update_job`
+(WATCH/MULTI), so replicas and concurrent handlers can't lose each other's writes. Only the replica
+holding the leader lease runs cycles. The cycle itself is the pure core: `shared.core.Scheduler`.
 """
 
 from __future__ import annotations
@@ -168,9 +169,10 @@ class QueueService(Service):
         if rec is None:
             return
         if rec.state is JobState.CANCELLED:
+            # the event goes out before the release, so the log never shows a GPU freed before it is
+            await self.emit(rec)
             # release even if nothing is held: an order may be in flight (idempotent at placement)
             await self.release(rec, msg.reason)
-            await self.emit(rec)
         if changed:
             self.kick.set()
 
@@ -268,8 +270,8 @@ class QueueService(Service):
 
         rec, _ = await self.store.update_job(ev.job_id, exited)
         if rec is not None and rec.state in (JobState.SUCCEEDED, JobState.FAILED) and rec.attempt == ev.attempt:
-            await self.release(rec, f"job {rec.state}")
             await self.emit(rec)
+            await self.release(rec, f"job {rec.state}")
             self.kick.set()
 
     async def on_node(self, ev: NodeChanged) -> None:
@@ -298,12 +300,12 @@ class QueueService(Service):
 
             new, changed = await self.store.update_job(rec.id, fail_or_requeue)
             if new is not None and changed:
+                await self.emit(new)
                 await self.bus.publish(
                     self.names.orders,
                     ReleaseOrder(job_id=rec.id, reason=f"node {ev.node} down"),
                     msg_id=f"{rec.id}:{attempt}:release:node",
                 )
-                await self.emit(new)
         self.kick.set()
 
     # -- the cycle -----------------------------------------------------------------------------------------
@@ -455,8 +457,8 @@ class QueueService(Service):
         rec, changed = await self.store.update_job(d.job_id, requeue)
         if rec is None or not changed:
             return
-        await self.release(rec, rec.reason, checkpoint=d.checkpoint)
         await self.emit(rec)
+        await self.release(rec, rec.reason, checkpoint=d.checkpoint)
         attempt = rec.attempt
 
         def pending(r: JobRecord) -> JobRecord | None:

@@ -1,0 +1,177 @@
+"""Runtime settings from the environment.
+
+Each setting is declared once, as a dataclass field carrying its environment variable, parser and default;
+`Settings.from_env()` reads them and `Settings.describe()` returns the same table for docs. An empty or
+blank variable counts as unset (compose files often pass `VAR=` for "not configured").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Self
+from urllib.parse import urlsplit
+
+from shared.core.policies import POLICIES
+
+__all__ = ["Setting", "Settings", "SettingsError"]
+
+
+class SettingsError(ValueError):
+    """A variable holds a value that cannot be used; the message names the variable and the value."""
+
+
+class _Parser(NamedTuple):
+    """Turns the raw string into the field's value or raises ValueError with the reason (no variable name)."""
+
+    kind: str  # what the variable accepts, in words, for docs
+    parse: Callable[[str], Any]
+
+
+class Setting(NamedTuple):
+    """One row of the settings table, as returned by `Settings.describe()`."""
+
+    field: str
+    env: str
+    kind: str
+    default: Any
+    doc: str
+
+
+def _number(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a number > 0")
+    return value
+
+
+def _count(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("is not an integer") from None
+    if value < 1:
+        raise ValueError("must be an integer >= 1")
+    return value
+
+
+def _port(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise ValueError("is not a port number (0-65535, 0 picks a free one)")
+    return value
+
+
+def _url(*schemes: str) -> _Parser:
+    def parse(raw: str) -> str:
+        # NATS accepts a comma-separated server list; check each entry.
+        for part in raw.split(","):
+            url = urlsplit(part.strip())
+            if url.scheme not in schemes or not (url.netloc or url.path):
+                raise ValueError(f"is not a {'|'.join(schemes)} URL")
+        return raw
+
+    return _Parser(f"URL ({'|'.join(s + '://' for s in schemes)}); unset: start an embedded server", parse)
+
+
+def _choice(*options: str, fold: Callable[[str], str] = str.lower) -> _Parser:
+    def parse(raw: str) -> str:
+        value = fold(raw)
+        if value not in options:
+            raise ValueError(f"is not one of {', '.join(options)}")
+        return value
+
+    return _Parser(" | ".join(options), parse)
+
+
+# A cell name becomes a Redis hash tag `{cell}` and part of NATS subjects: no braces, dots, spaces or wildcards.
+_CELL_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _cell(raw: str) -> str:
+    if not _CELL_RE.fullmatch(raw):
+        raise ValueError("is not a cell name (1-64 of A-Z a-z 0-9 _ -)")
+    return raw
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _env(env: str, parser: _Parser | Callable[[str], Any], default: Any, doc: str, kind: str = "") -> Any:
+    """A dataclass field whose metadata is its row in the settings table."""
+    if not isinstance(parser, _Parser):
+        parser = _Parser(kind, parser)
+    return dataclasses.field(default=default, metadata={"env": env, "parser": parser, "doc": doc})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    nats_url: str | None = _env(
+        "RACKSCALE_NATS_URL", _url("nats", "tls", "ws", "wss"), None, "NATS server(s); unset: embedded nats-server"
+    )
+    redis_url: str | None = _env(
+        "RACKSCALE_REDIS_URL", _url("redis", "rediss", "unix"), None, "Redis/Valkey; unset: embedded valkey-server"
+    )
+    cell: str = _env("RACKSCALE_CELL", _cell, "c0", "scheduling cell, used as the Redis hash tag {cell}", kind="name")
+    policy: str = _env("RACKSCALE_POLICY", _choice(*POLICIES), "rackscale", "placement policy (shared.core.policies)")
+    heartbeat_s: float = _env("RACKSCALE_HEARTBEAT_S", _number, 1.0, "agent heartbeat period (s)", kind="number > 0")
+    missed_heartbeats: int = _env(
+        "RACKSCALE_MISSED_HEARTBEATS", _count, 3, "heartbeats missed before a node is marked lost", kind="integer >= 1"
+    )
+    cycle_interval_s: float = _env(
+        "RACKSCALE_CYCLE_INTERVAL_S", _number, 1.0, "placement cycle period (s)", kind="number > 0"
+    )
+    gateway_host: str = _env("RACKSCALE_GATEWAY_HOST", _text, "127.0.0.1", "HTTP gateway bind address", kind="host")
+    gateway_port: int = _env("RACKSCALE_GATEWAY_PORT", _port, 8080, "HTTP gateway port", kind="0-65535")
+    trace_exporter: str = _env(
+        "RACKSCALE_TRACE_EXPORTER", _choice("none", "console", "otlp"), "none", "where OpenTelemetry spans go"
+    )
+    otlp_endpoint: str | None = _env(
+        "OTEL_EXPORTER_OTLP_ENDPOINT", _text, None, "OTLP collector (standard OTel variable)", kind="URL"
+    )
+    log_level: str = _env(
+        "RACKSCALE_LOG_LEVEL",
+        _choice("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", fold=str.upper),
+        "INFO",
+        "log level",
+    )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Self:
+        """Read settings from `env` (default: os.environ); raises SettingsError listing every bad value."""
+        source = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        errors: list[str] = []
+        for f in dataclasses.fields(cls):
+            name: str = f.metadata["env"]
+            raw = source.get(name, "").strip()
+            if not raw:
+                continue  # unset or blank: keep the default
+            parser: _Parser = f.metadata["parser"]
+            try:
+                values[f.name] = parser.parse(raw)
+            except ValueError as exc:
+                errors.append(f"{name}={raw!r} {exc}")
+        if errors:
+            # All at once, so a misconfigured deployment is fixed in one round trip.
+            raise SettingsError("; ".join(errors))
+        return cls(**values)
+
+    @classmethod
+    def describe(cls) -> list[Setting]:
+        """The settings table (field, variable, accepted values, default, meaning), in declaration order."""
+        return [
+            Setting(f.name, f.metadata["env"], f.metadata["parser"].kind, f.default, f.metadata["doc"])
+            for f in dataclasses.fields(cls)
+        ]

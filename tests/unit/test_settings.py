@@ -1,0 +1,128 @@
+"""Settings from the environment: defaults, overrides, and errors that name the variable and the value."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import pytest
+
+from shared.settings import Settings, SettingsError
+
+DEFAULTS: dict[str, Any] = {
+    "nats_url": None,
+    "redis_url": None,
+    "cell": "c0",
+    "policy": "rackscale",
+    "heartbeat_s": 1.0,
+    "missed_heartbeats": 3,
+    "cycle_interval_s": 1.0,
+    "gateway_host": "127.0.0.1",
+    "gateway_port": 8080,
+    "trace_exporter": "none",
+    "otlp_endpoint": None,
+    "log_level": "INFO",
+}
+
+
+def test_defaults_with_empty_environment() -> None:
+    assert dataclasses.asdict(Settings.from_env({})) == DEFAULTS
+    assert Settings.from_env({}) == Settings()
+
+
+def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RACKSCALE_CELL", "west-2")
+    assert Settings.from_env().cell == "west-2"
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "field", "expected"),
+    [
+        ("RACKSCALE_NATS_URL", "nats://127.0.0.1:4222", "nats_url", "nats://127.0.0.1:4222"),
+        ("RACKSCALE_NATS_URL", "nats://a:4222,nats://b:4222", "nats_url", "nats://a:4222,nats://b:4222"),
+        ("RACKSCALE_REDIS_URL", "redis://127.0.0.1:6379/0", "redis_url", "redis://127.0.0.1:6379/0"),
+        ("RACKSCALE_REDIS_URL", "unix:///run/redis.sock", "redis_url", "unix:///run/redis.sock"),
+        ("RACKSCALE_CELL", "c7", "cell", "c7"),
+        ("RACKSCALE_POLICY", "block", "policy", "block"),
+        ("RACKSCALE_HEARTBEAT_S", "0.25", "heartbeat_s", 0.25),
+        ("RACKSCALE_MISSED_HEARTBEATS", "5", "missed_heartbeats", 5),
+        ("RACKSCALE_CYCLE_INTERVAL_S", "2", "cycle_interval_s", 2.0),
+        ("RACKSCALE_GATEWAY_HOST", "0.0.0.0", "gateway_host", "0.0.0.0"),
+        ("RACKSCALE_GATEWAY_PORT", "9000", "gateway_port", 9000),
+        ("RACKSCALE_GATEWAY_PORT", "0", "gateway_port", 0),
+        ("RACKSCALE_TRACE_EXPORTER", "OTLP", "trace_exporter", "otlp"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://jaeger:4317", "otlp_endpoint", "http://jaeger:4317"),
+        ("RACKSCALE_LOG_LEVEL", "debug", "log_level", "DEBUG"),
+        ("RACKSCALE_HEARTBEAT_S", " 2.5 ", "heartbeat_s", 2.5),  # surrounding blanks are ignored
+    ],
+)
+def test_environment_overrides_one_field(env: str, value: str, field: str, expected: Any) -> None:
+    settings = Settings.from_env({env: value})
+    assert getattr(settings, field) == expected
+    assert dataclasses.asdict(settings) == {**DEFAULTS, field: expected}
+
+
+@pytest.mark.parametrize("blank", ["", "   "])
+def test_blank_variable_means_unset(blank: str) -> None:
+    assert Settings.from_env({"RACKSCALE_NATS_URL": blank, "RACKSCALE_HEARTBEAT_S": blank}) == Settings()
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "reason"),
+    [
+        ("RACKSCALE_HEARTBEAT_S", "abc", "is not a number"),
+        ("RACKSCALE_HEARTBEAT_S", "0", "must be a number > 0"),
+        ("RACKSCALE_HEARTBEAT_S", "nan", "must be a number > 0"),
+        ("RACKSCALE_CYCLE_INTERVAL_S", "-1", "must be a number > 0"),
+        ("RACKSCALE_CYCLE_INTERVAL_S", "1s", "is not a number"),
+        ("RACKSCALE_MISSED_HEARTBEATS", "2.5", "is not an integer"),
+        ("RACKSCALE_MISSED_HEARTBEATS", "0", "must be an integer >= 1"),
+        ("RACKSCALE_GATEWAY_PORT", "http", "is not a port number"),
+        ("RACKSCALE_GATEWAY_PORT", "70000", "is not a port number"),
+        ("RACKSCALE_NATS_URL", "localhost:4222", "is not a nats|tls|ws|wss URL"),
+        ("RACKSCALE_NATS_URL", "redis://127.0.0.1:6379", "is not a nats|tls|ws|wss URL"),
+        ("RACKSCALE_REDIS_URL", "nats://127.0.0.1:4222", "is not a redis|rediss|unix URL"),
+        ("RACKSCALE_CELL", "{c0}", "is not a cell name"),
+        ("RACKSCALE_CELL", "c.0", "is not a cell name"),
+        ("RACKSCALE_POLICY", "best", "is not one of"),
+        ("RACKSCALE_TRACE_EXPORTER", "jaeger", "is not one of none, console, otlp"),
+        ("RACKSCALE_LOG_LEVEL", "loud", "is not one of"),
+    ],
+)
+def test_bad_value_error_names_variable_and_value(env: str, value: str, reason: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({env: value})
+    assert str(err.value).startswith(f"{env}={value!r} {reason}")
+
+
+def test_error_message_reads_as_documented() -> None:
+    with pytest.raises(SettingsError, match=re.escape("RACKSCALE_HEARTBEAT_S='abc' is not a number")):
+        Settings.from_env({"RACKSCALE_HEARTBEAT_S": "abc"})
+
+
+def test_every_bad_variable_is_reported_at_once() -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({"RACKSCALE_HEARTBEAT_S": "abc", "RACKSCALE_GATEWAY_PORT": "-1"})
+    assert "RACKSCALE_HEARTBEAT_S='abc'" in str(err.value)
+    assert "RACKSCALE_GATEWAY_PORT='-1'" in str(err.value)
+
+
+def test_unrelated_variables_are_ignored() -> None:
+    assert Settings.from_env({"PATH": "/bin", "RACKSCALE_SOMETHING_ELSE": "x"}) == Settings()
+
+
+def test_settings_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Settings().cell = "c1"  # type: ignore[misc]
+
+
+def test_describe_lists_every_field_once_with_its_variable_and_default() -> None:
+    rows = Settings.describe()
+    assert [r.field for r in rows] == [f.name for f in dataclasses.fields(Settings)]
+    assert {r.field: r.default for r in rows} == DEFAULTS
+    envs = [r.env for r in rows]
+    assert len(set(envs)) == len(envs)
+    assert envs[:2] == ["RACKSCALE_NATS_URL", "RACKSCALE_REDIS_URL"]
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in envs
+    assert all(r.kind and r.doc for r in rows)
