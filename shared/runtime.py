@@ -22,6 +22,7 @@ from shared.bus import Bus
 from shared.names import Names
 from shared.settings import Settings
 from shared.store import Store
+from shared.tracing import Tracer, make_provider
 
 Clock = Callable[[], float]
 
@@ -34,17 +35,34 @@ class Deps:
     names: Names
     bus: Bus
     store: Store
+    tracer: Tracer
     clock: Clock = field(default=time.time)
 
     @classmethod
-    async def connect(cls, settings: Settings, service: str, nats_url: str, redis_url: str, names: Names) -> Deps:
+    async def connect(
+        cls,
+        settings: Settings,
+        service: str,
+        nats_url: str,
+        redis_url: str,
+        names: Names,
+        *,
+        tracer: Tracer | None = None,
+        clock: Clock = time.time,
+    ) -> Deps:
         bus = await Bus.connect(nats_url, names, service)
         await bus.ensure_streams()
-        return cls(settings=settings, names=names, bus=bus, store=Store.from_url(redis_url, names))
+        if tracer is None:
+            provider = make_provider(service, settings.trace_exporter, settings.otlp_endpoint)
+            tracer = Tracer(provider, service)
+        return cls(
+            settings=settings, names=names, bus=bus, store=Store.from_url(redis_url, names), tracer=tracer, clock=clock
+        )
 
     async def close(self) -> None:
         await self.bus.close()
         await self.store.close()
+        self.tracer.shutdown()
 
 
 class Service:
@@ -66,6 +84,10 @@ class Service:
     @property
     def store(self) -> Store:
         return self.deps.store
+
+    @property
+    def tracer(self) -> Tracer:
+        return self.deps.tracer
 
     def now(self) -> float:
         return self.deps.clock()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 from shared.runtime import Deps, Service
 from shared.schemas import (
@@ -52,9 +53,19 @@ class PlacementService(Service):
             await self.release(order, headers)
 
     async def place(self, order: PlaceOrder, headers: Mapping[str, str]) -> None:
+        attrs = {
+            "rackscale.job_id": order.job_id,
+            "rackscale.attempt": order.attempt,
+            "rackscale.nodes": len(order.nodes),
+        }
+        with self.tracer.span("placement.commit", headers, attrs) as span:
+            await self._place(order, self.tracer.headers(), span)
+
+    async def _place(self, order: PlaceOrder, headers: Mapping[str, str], span: Any) -> None:
         rec = AllocationRecord(job_id=order.job_id, attempt=order.attempt, nodes=order.nodes, committed_at=self.now())
         result = await self.store.commit(rec)
         key = f"{order.job_id}:{order.attempt}"
+        span.set_attribute("rackscale.commit", "ok" if result.ok else result.reason)
         if not result.ok:
             self.rejections += 1
             log.info("order %s rejected: %s", key, result.reason)

@@ -430,8 +430,17 @@ class QueueService(Service):
             duration_s=rec.spec.duration_s,
             decided_at=now,
         )
-        hdrs = {"traceparent": rec.trace} if rec.trace else None
-        await self.bus.publish(self.names.orders, order, msg_id=f"{rec.id}:{attempt}:place", headers=hdrs)
+        parent = {"traceparent": rec.trace} if rec.trace else None
+        attrs = {
+            "rackscale.job_id": rec.id,
+            "rackscale.policy": self.scheduler.config.policy,
+            "rackscale.domains": ",".join(d.groups(topo)),
+            "rackscale.queue_wait_s": max(0.0, now - rec.submitted_at),
+            "rackscale.attempt": attempt,
+        }
+        with self.tracer.span("queue.decide", parent, attrs):
+            hdrs = self.tracer.headers()
+            await self.bus.publish(self.names.orders, order, msg_id=f"{rec.id}:{attempt}:place", headers=hdrs)
 
     async def _expire_inflight(self, rec: JobRecord, now: float) -> None:
         held = await self.store.allocation(rec.id)
