@@ -128,6 +128,8 @@ def request(job: JobSpec, topo: Topology) -> Request:
         if need is Need.NONE:
             raise ShapeError("segment", "a segmented job needs topology nvlink required or preferred")
         layers.append((level, seg))
+    if job.slices and need is Need.NONE:
+        raise ShapeError("slices", "a sliced job needs topology nvlink required or preferred")
     for i, sl in enumerate(job.slices):
         try:
             sl_level = topo.level(sl.level)

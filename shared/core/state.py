@@ -135,12 +135,15 @@ class ClusterState:
     def allocate(self, alloc: Allocation) -> None:
         if alloc.job_id in self.allocs:
             raise StateError(f"job {alloc.job_id} already holds GPUs")
+        wanted: dict[int, int] = {}
         for node, mask in zip(alloc.nodes, alloc.masks, strict=True):
-            if mask & ~self.free[node]:
+            clash = (mask & ~self.free[node]) | (mask & wanted.get(node, 0))
+            if clash:
                 raise StateError(
-                    f"job {alloc.job_id}: GPUs {mask_indices(mask & ~self.free[node])} of node "
-                    f"{self.topo.node_names[node]} are not free"
+                    f"job {alloc.job_id}: GPUs {mask_indices(clash)} of node {self.topo.node_names[node]} "
+                    "are not free (or named twice)"
                 )
+            wanted[node] = wanted.get(node, 0) | mask
         # second pass only after every node checked, so a failed allocate changes nothing
         for node, mask in zip(alloc.nodes, alloc.masks, strict=True):
             self._take(node, mask, alloc.job_id)

@@ -7,11 +7,12 @@
 2. **Stranded nodes** (fragmentation awareness): of what a domain has left, the nodes no waiting job's
    run size can use (an unbounded knapsack over the waiting run sizes). Fewer wins.
 3. **Best fit**: fewest free nodes left in the domain.
-4. Tie-breaks: fewer degraded GPUs used; running jobs expected to end closest to this one's end
+4. Tie-breaks: fewer nodes with a degraded GPU used; running jobs expected to end closest to this one's end
    (runtime awareness: a domain then frees up whole); lowest index.
 
 Segmented jobs are laid out together: several complete layouts (the per-piece greedy one Slurm uses,
-fewest domains first, exact fits first) are scored by the sum of the above and the best one wins.
+fewest domains first, exact fits first, healthy domains first) are scored by the sums of slot loss,
+stranded nodes, degraded nodes used, domains used and nodes left, and the cheapest wins.
 `preferred` jobs that fit no single domain spill over the fewest domains; `none` jobs fill stranded
 fragments before touching whole domains. Degraded GPUs are taken last inside a node and a domain.
 """
@@ -58,25 +59,41 @@ class RackscalePolicy(Policy):
         protect, stranded = tables
         return (cap // protect - left // protect, stranded[left], left)
 
+    @staticmethod
+    def _degraded_need(pk: Picker, level: int, group: int, size: int) -> int:
+        """How many of `size` nodes taken from the group would have to carry a degraded GPU."""
+        state = pk.state
+        if not state.degraded_in[level].get(group):
+            return 0
+        k, healthy = pk.k, 0
+        for n in state.topo.group_nodes[level][group]:
+            if pk.fits(n) and (state.free[n] & ~state.degraded[n]).bit_count() >= k:
+                healthy += 1
+        return max(0, size - healthy)
+
     def _refine(self, pk: Picker, level: int, tier: list[int], size: int, ctx: Context) -> int:
         """Tie-break equal-cost groups: fewer degraded nodes needed, closest end time, lowest index."""
         if len(tier) == 1:
             return tier[0]
         state = pk.state
-        deg = state.degraded_in[level]
         sizes = state.topo.group_nodes[level]
 
         def key(g: int) -> tuple[float, float, int]:
             cap = pk.cap(level, g)
-            need_degraded = max(0, size - (cap - deg.get(g, 0))) if deg else 0
             gap = INF
             if ctx.job_end != INF and cap < len(sizes[g]):
                 ends = [state.allocs[j].expected_end for j in state.jobs_in_group(level, g) if not state.allocs[j].hold]
                 if ends and max(ends) != INF:
                     gap = abs(max(ends) - ctx.job_end)
-            return (need_degraded, gap, g)
+            return (self._degraded_need(pk, level, g, size), gap, g)
 
         return min(tier, key=key)
+
+    def piece_key(
+        self, pk: Picker, level: int, group: int, layers: Sequence[tuple[int, int]], i: int
+    ) -> tuple[int, ...]:
+        """Outer layers of multi-layer slices: best fit, ties to the lowest index (as for domains)."""
+        return (pk.cap(level, group), group)
 
     def _choose_single(self, pk: Picker, level: int, scope: Iterable[int], size: int, ctx: Context) -> int | None:
         tables = self._tables(pk, level, ctx)
@@ -148,14 +165,20 @@ class RackscalePolicy(Policy):
             m = min(caps[g] // size, count)
             return (*self._cost(tables, caps[g], caps[g] - m * size)[:2], -m, caps[g] - m * size, g)
 
+        def healthy_key(g: int) -> tuple[object, ...]:
+            return (self._degraded_need(pk, level, g, min(caps[g] // size, count) * size) > 0, *exact_key(g))
+
         plans = [greedy(), ordered(lambda g: (-(caps[g] // size), caps[g], g)), ordered(exact_key)]
+        if pk.state.degraded_in[level]:
+            plans.append(ordered(healthy_key))
 
         def plan_cost(plan: dict[int, int]) -> tuple[int, ...]:
-            loss = stranded = left_total = 0
+            loss = stranded = degraded = left_total = 0
             for g, m in plan.items():
                 a, b, c = self._cost(tables, caps[g], caps[g] - m * size)
                 loss, stranded, left_total = loss + a, stranded + b, left_total + c
-            return (loss, stranded, len(plan), left_total)
+                degraded += self._degraded_need(pk, level, g, m * size)
+            return (loss, stranded, degraded, len(plan), left_total)
 
         best = min(plans, key=plan_cost)
         return sorted(best.items())
