@@ -1,0 +1,195 @@
+"""The OpenAPI 3.1 document served at /openapi.json.
+
+Schemas come from the msgspec Structs themselves (`msgspec.json.schema_components`), so the JobBody
+schema is exactly what the decoder accepts. Operations are written out here; a unit test checks that
+they and the aiohttp routes name the same (method, path) pairs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from services.gateway import views
+from shared.schemas import JobBody, JobEvent, JobState, NodeChanged
+
+REF = "#/components/schemas/{name}"
+API_VERSION = "1.0.0"
+
+_SCHEMA_TYPES: tuple[Any, ...] = (
+    JobBody,
+    views.Accepted,
+    views.JobView,
+    views.JobList,
+    views.ClusterView,
+    views.DrainBody,
+    views.NodeAdminResult,
+    views.ErrorBody,
+    views.Health,
+    JobEvent,
+    NodeChanged,
+)
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": REF.format(name=name)}
+
+
+def _json(schema: str, description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(schema)}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json("ErrorBody", description)
+
+
+_JOB_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}, "description": "job id"}
+_NODE_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}, "description": "node name"}
+_IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
+    "description": "Retries with the same key (per tenant) name the same job and are accepted once.",
+}
+_LIST_PARAMS = [
+    {"name": "tenant", "in": "query", "required": False, "schema": {"type": "string"}},
+    {"name": "state", "in": "query", "required": False, "schema": _ref("JobState")},
+    {"name": "offset", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0, "default": 0}},
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+    },
+]
+
+
+def _admin(action: str) -> dict[str, Any]:
+    return {
+        "operationId": f"{action}Node",
+        "summary": f"{action.capitalize()} a node (asks inventory)",
+        "tags": ["nodes"],
+        "parameters": [_NODE_ID],
+        "requestBody": {
+            "required": False,
+            "content": {"application/json": {"schema": _ref("DrainBody")}},
+        },
+        "responses": {
+            "200": _json("NodeAdminResult", "the node's state after the change"),
+            "400": _error("body is not a JSON object"),
+            "404": _error("unknown node"),
+            "409": _error("inventory refused the change"),
+            "422": _error("invalid body"),
+            "503": _error("inventory did not answer"),
+        },
+    }
+
+
+OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
+    ("post", "/v1/jobs"): {
+        "operationId": "submitJob",
+        "summary": "Submit a job",
+        "tags": ["jobs"],
+        "parameters": [_IDEMPOTENCY_KEY],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobBody")}}},
+        "responses": {
+            "202": _json("Accepted", "accepted: the job is pending"),
+            "200": _json("JobView", "an earlier submit with this Idempotency-Key: the job as it is now"),
+            "400": _error("not JSON, not an object, or a bad Idempotency-Key"),
+            "413": {"description": "body larger than 1 MiB"},
+            "422": _error("invalid job; `field` names the offending input"),
+            "503": _error("the bus or Redis is unavailable"),
+        },
+    },
+    ("get", "/v1/jobs"): {
+        "operationId": "listJobs",
+        "summary": "List jobs in submit order",
+        "tags": ["jobs"],
+        "parameters": _LIST_PARAMS,
+        "responses": {"200": _json("JobList", "one page of jobs"), "422": _error("bad filter or page")},
+    },
+    ("get", "/v1/jobs/{id}"): {
+        "operationId": "getJob",
+        "summary": "Read a job (also after it ended)",
+        "tags": ["jobs"],
+        "parameters": [_JOB_ID],
+        "responses": {"200": _json("JobView", "the job"), "404": _error("unknown job")},
+    },
+    ("delete", "/v1/jobs/{id}"): {
+        "operationId": "cancelJob",
+        "summary": "Cancel a job",
+        "tags": ["jobs"],
+        "parameters": [_JOB_ID],
+        "responses": {
+            "202": _json("Accepted", "the cancel is on its way (state: cancelling)"),
+            "404": _error("unknown job"),
+            "409": _error("the job already ended"),
+            "503": _error("the bus is unavailable"),
+        },
+    },
+    ("get", "/v1/cluster"): {
+        "operationId": "getCluster",
+        "summary": "Domains, nodes and GPUs with health, owners, allocations and utilisation",
+        "tags": ["cluster"],
+        "responses": {"200": _json("ClusterView", "the cluster")},
+    },
+    ("post", "/v1/nodes/{id}/drain"): _admin("drain"),
+    ("post", "/v1/nodes/{id}/undrain"): _admin("undrain"),
+    ("get", "/v1/events"): {
+        "operationId": "streamEvents",
+        "summary": "Server-sent events: `event: job` (JobEvent) and `event: node` (NodeChanged)",
+        "description": "Each `data:` line is the JSON of a JobEvent or NodeChanged schema. A comment line "
+        "(`: keep-alive`) comes every 15 s; `: connected` once the stream is live.",
+        "tags": ["events"],
+        "responses": {
+            "200": {
+                "description": "text/event-stream",
+                "content": {
+                    "text/event-stream": {
+                        "schema": {"type": "string"},
+                        "x-event-schemas": {"job": _ref("JobEvent"), "node": _ref("NodeChanged")},
+                    }
+                },
+            }
+        },
+    },
+    ("get", "/openapi.json"): {
+        "operationId": "getOpenApi",
+        "summary": "This document",
+        "tags": ["meta"],
+        "responses": {"200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {}}}}},
+    },
+    ("get", "/healthz"): {
+        "operationId": "healthz",
+        "summary": "Liveness: the process is up",
+        "tags": ["meta"],
+        "responses": {"200": _json("Health", "up")},
+    },
+    ("get", "/readyz"): {
+        "operationId": "readyz",
+        "summary": "Readiness: NATS connected and Redis answers PING",
+        "tags": ["meta"],
+        "responses": {"200": _json("Health", "ready"), "503": _json("Health", "not ready")},
+    },
+}
+
+
+def document() -> dict[str, Any]:
+    _, components = msgspec.json.schema_components(_SCHEMA_TYPES, ref_template=REF)
+    components.setdefault("JobState", {"enum": [s.value for s in JobState]})
+    paths: dict[str, dict[str, Any]] = {}
+    for (method, path), op in OPERATIONS.items():
+        paths.setdefault(path, {})[method] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Rackscale API",
+            "version": API_VERSION,
+            "description": "Topology-aware GPU scheduler for rack-scale NVLink systems.",
+        },
+        "jsonSchemaDialect": "https://spec.openapis.org/oas/3.1/dialect/base",
+        "paths": paths,
+        "components": {"schemas": components},
+    }

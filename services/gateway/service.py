@@ -1,0 +1,410 @@
+"""The HTTP gateway: the only HTTP surface. Validates, publishes intents on the bus, reads views from Redis.
+
+It writes nothing to Redis: job records are the queue's, nodes inventory's, allocations placement's.
+A submit is a JobSubmitted on JetStream (msg id = job id, so a retried publish is stored once); a
+cancel a JobCancel; a drain a NodeAdmin request to inventory. `build_app(deps)` gives the aiohttp
+application alone, for aiohttp's test client; `GatewayService` serves it on settings.gateway_host/port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+import nats.errors
+import redis.exceptions
+from aiohttp import web
+from nats.aio.msg import Msg
+
+from services.gateway import openapi, views
+from services.gateway.validation import (
+    ApiError,
+    check_shape,
+    decode_job,
+    decode_json,
+    job_spec,
+    topology_from_nodes,
+)
+from shared.core import Topology, TopologyError
+from shared.runtime import Deps, Service
+from shared.schemas import (
+    ADMIN_REPLY,
+    EVENTS,
+    TERMINAL,
+    JobBody,
+    JobCancel,
+    JobEvent,
+    JobRecord,
+    JobState,
+    JobSubmitted,
+    NodeAdmin,
+    NodeChanged,
+)
+
+log = logging.getLogger("rackscale.gateway")
+
+# Idempotency-Key → job id: uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}/{key}"). Never change it: retries
+# across a deploy must keep naming the same job.
+IDEMPOTENCY_NAMESPACE = uuid.UUID("3d1f0c52-7a4e-5b8e-9c61-2f4a8e0b7d93")
+MAX_BODY = 1 << 20
+MAX_PAGE = 500
+DEFAULT_PAGE = 50
+SSE_QUEUE = 1024  # frames buffered per SSE client; a client further behind is disconnected (it reconnects)
+
+DRAIN_BODY = msgspec.json.Decoder(views.DrainBody)
+_json = msgspec.json.Encoder()
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=_json.encode(obj), status=status, content_type="application/json", headers=headers)
+
+
+def error_response(status: int, error: str, field: str | None = None) -> web.Response:
+    return json_response(views.ErrorBody(error=error, field=field), status)
+
+
+def api_error(e: ApiError) -> web.Response:
+    return error_response(e.status, e.error, e.field)
+
+
+def idempotent_job_id(tenant: str, key: str) -> str:
+    return uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}/{key}").hex
+
+
+def _trace_parent(request: web.Request) -> dict[str, str] | None:
+    tp = request.headers.get("traceparent")
+    return {"traceparent": tp} if tp else None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The registered fleet at one topology generation (None: no node registered yet)."""
+
+    generation: int
+    topology: Topology | None
+    domain_of: dict[str, str]
+
+
+class _Stream:
+    """One SSE client: frames from the NATS callback, a None sentinel ends it."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(SSE_QUEUE)
+
+    def push(self, frame: bytes) -> None:
+        try:
+            self.queue.put_nowait(frame)
+        except asyncio.QueueFull:
+            log.warning("an SSE client fell %d events behind; disconnecting it", SSE_QUEUE)
+            self.close()
+
+    def close(self) -> None:
+        while True:  # make room for the sentinel: whatever is queued is dropped anyway
+            try:
+                self.queue.put_nowait(None)
+                return
+            except asyncio.QueueFull:
+                self.queue.get_nowait()
+
+
+class Gateway:
+    """Request handlers over explicit dependencies."""
+
+    def __init__(self, deps: Deps, *, keepalive_s: float = 15.0, admin_timeout_s: float = 2.0) -> None:
+        self.deps = deps
+        self.keepalive_s = keepalive_s
+        self.admin_timeout_s = admin_timeout_s
+        self._snapshot: Snapshot | None = None
+        self._snapshot_lock = asyncio.Lock()
+        self._streams: set[_Stream] = set()
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    async def snapshot(self) -> Snapshot:
+        """Topology of the registered nodes, rebuilt only when inventory bumped the generation."""
+        store = self.deps.store
+        gen = await store.topology_generation()
+        if self._snapshot is not None and self._snapshot.generation == gen:
+            return self._snapshot
+        async with self._snapshot_lock:
+            if self._snapshot is not None and self._snapshot.generation == gen:
+                return self._snapshot
+            # Read after the generation: at worst newer nodes are cached under an older number (rebuilt next time).
+            nodes = await store.nodes()
+            try:
+                topo = topology_from_nodes(nodes, gen)
+            except TopologyError:
+                log.exception("the registered nodes don't form a topology; validating statically")
+                topo = None
+            self._snapshot = Snapshot(gen, topo, {n.name: n.domain for n in nodes})
+            return self._snapshot
+
+    def now(self) -> float:
+        return self.deps.clock()
+
+    # -- jobs ------------------------------------------------------------------------------------------
+    async def submit(self, request: web.Request) -> web.Response:
+        body = decode_job(await request.read())
+        if isinstance(body, ApiError):
+            return api_error(body)
+        key = request.headers.get("Idempotency-Key")
+        if key is not None:
+            if not 1 <= len(key) <= 255 or not key.isprintable():
+                return error_response(400, "Idempotency-Key must be 1-255 printable characters", "Idempotency-Key")
+            job_id = idempotent_job_id(body.tenant, key)
+            existing = await self.deps.store.get_job(job_id)
+            if existing is not None:
+                return await self._resubmitted(existing, body)
+        else:
+            job_id = uuid.uuid4().hex
+        snap = await self.snapshot()
+        error = check_shape(job_spec(body, job_id), snap.topology)
+        if error is not None:
+            return api_error(error)
+        msg = JobSubmitted(job_id=job_id, spec=body, submitted_at=self.now())
+        attrs = {"rackscale.job_id": job_id, "rackscale.tenant": body.tenant, "rackscale.gpus": body.gpus}
+        # The job's trace starts here (or continues the client's traceparent); the queue keeps it in JobRecord.
+        with self.deps.tracer.span("gateway.submit", _trace_parent(request), attrs):
+            hdrs = self.deps.tracer.headers()
+            await self.deps.bus.publish(self.deps.names.job_submit, msg, msg_id=job_id, headers=hdrs)
+        accepted = views.Accepted(id=job_id, state=JobState.PENDING.value)
+        return json_response(accepted, 202, headers={"Location": f"/v1/jobs/{job_id}"})
+
+    async def _resubmitted(self, rec: JobRecord, body: JobBody) -> web.Response:
+        if rec.spec != body:
+            # IETF draft-ietf-httpapi-idempotency-key-header: a reused key with another payload is a 422
+            return error_response(422, "Idempotency-Key was already used for a different job", "Idempotency-Key")
+        snap = await self.snapshot()
+        return json_response(views.job_view(rec, snap.domain_of), 200, headers={"Location": f"/v1/jobs/{rec.id}"})
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["id"]
+        rec = await self.deps.store.get_job(job_id)
+        if rec is None:
+            return error_response(404, f"unknown job {job_id}")
+        snap = await self.snapshot()
+        return json_response(views.job_view(rec, snap.domain_of))
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        q = request.query
+        state: JobState | None = None
+        if "state" in q:
+            try:
+                state = JobState(q["state"])
+            except ValueError:
+                allowed = ", ".join(s.value for s in JobState)
+                return error_response(422, f"state: must be one of {allowed}", "state")
+        page: dict[str, int] = {}
+        for name, default, low, high in (("offset", 0, 0, None), ("limit", DEFAULT_PAGE, 1, MAX_PAGE)):
+            try:
+                value = int(q.get(name, default))
+            except ValueError:
+                return error_response(422, f"{name}: must be a whole number", name)
+            if value < low or (high is not None and value > high):
+                bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+                return error_response(422, f"{name}: must be {bound}, got {value}", name)
+            page[name] = value
+        tenant = q.get("tenant") or None
+        recs, total = await self.deps.store.list_jobs(tenant=tenant, state=state, **page)
+        snap = await self.snapshot()
+        jobs = [views.job_view(r, snap.domain_of) for r in recs]
+        return json_response(views.JobList(jobs=jobs, total=total, **page))
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["id"]
+        # A job the queue hasn't recorded yet is unknown here: cancel after the submit is visible.
+        rec = await self.deps.store.get_job(job_id)
+        if rec is None:
+            return error_response(404, f"unknown job {job_id}")
+        if rec.state in TERMINAL:
+            return error_response(409, f"job {job_id} already {rec.state.value}", "state")
+        msg = JobCancel(job_id=job_id, at=self.now())
+        parent = {"traceparent": rec.trace} if rec.trace else _trace_parent(request)
+        with self.deps.tracer.span("gateway.cancel", parent, {"rackscale.job_id": job_id}):
+            hdrs = self.deps.tracer.headers()
+            await self.deps.bus.publish(self.deps.names.job_cancel, msg, msg_id=f"{job_id}:cancel", headers=hdrs)
+        return json_response(views.Accepted(id=job_id, state="cancelling"), 202)
+
+    # -- cluster and nodes -----------------------------------------------------------------------------
+    async def cluster(self, request: web.Request) -> web.Response:
+        store = self.deps.store
+        gen = await store.topology_generation()
+        nodes, allocs = await asyncio.gather(store.nodes(), store.allocations())
+        return json_response(views.cluster_view(nodes, allocs, gen))
+
+    async def drain(self, request: web.Request) -> web.Response:
+        return await self._admin(request, "drain")
+
+    async def undrain(self, request: web.Request) -> web.Response:
+        return await self._admin(request, "undrain")
+
+    async def _admin(self, request: web.Request, action: Literal["drain", "undrain"]) -> web.Response:
+        node = request.match_info["id"]
+        data = await request.read()
+        body: views.DrainBody | ApiError = views.DrainBody()
+        if data.strip():
+            body = decode_json(data, DRAIN_BODY)
+        if isinstance(body, ApiError):
+            return api_error(body)
+        ask = NodeAdmin(node=node, action=action, reason=body.reason)
+        try:
+            raw = await self.deps.bus.request(self.deps.names.node_admin, ask, timeout=self.admin_timeout_s)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return error_response(503, "inventory did not answer; try again")
+        try:
+            reply = ADMIN_REPLY.decode(raw)
+        except msgspec.DecodeError:
+            log.error("unreadable AdminReply for %s %s: %r", action, node, raw[:200])
+            return error_response(503, "inventory sent an unreadable reply")
+        if reply.ok:
+            return json_response(views.NodeAdminResult(node=node, state=reply.state))
+        # Contract with inventory (issue #3): an unknown node is reported as "unknown node X".
+        if reply.error.startswith("unknown node"):
+            return error_response(404, reply.error)
+        return error_response(409, reply.error or f"inventory refused to {action} {node}")
+
+    # -- events ----------------------------------------------------------------------------------------
+    async def events(self, request: web.Request) -> web.StreamResponse:
+        """SSE of JobEvent and NodeChanged, from plain core subscriptions (nothing durable per client)."""
+        stream = _Stream()
+
+        async def on_msg(m: Msg) -> None:
+            try:
+                ev = EVENTS.decode(m.data)
+            except msgspec.DecodeError:
+                return  # not ours to dead-letter: the durable consumers of these subjects do that
+            kind = b"job" if isinstance(ev, JobEvent) else b"node" if isinstance(ev, NodeChanged) else None
+            if kind is not None:
+                stream.push(b"event: " + kind + b"\ndata: " + _json.encode(ev) + b"\n\n")
+
+        nc = self.deps.bus.nc
+        names = self.deps.names
+        subs = [await nc.subscribe(s, cb=on_msg) for s in (names.job_events_all, names.node_events)]
+        self._streams.add(stream)
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
+        try:
+            await nc.flush()  # the server knows the subscriptions before the client hears "connected"
+            await resp.prepare(request)
+            await resp.write(b": connected\n\n")
+            while True:
+                try:
+                    frame = await asyncio.wait_for(stream.queue.get(), self.keepalive_s)
+                except TimeoutError:
+                    frame = b": keep-alive\n\n"
+                if frame is None:
+                    break
+                await resp.write(frame)
+        except ConnectionResetError:
+            pass  # the client went away
+        finally:
+            self._streams.discard(stream)
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        return resp
+
+    async def close_streams(self, _app: web.Application | None = None) -> None:
+        for stream in list(self._streams):
+            stream.close()
+
+    # -- meta ------------------------------------------------------------------------------------------
+    async def healthz(self, request: web.Request) -> web.Response:
+        return json_response(views.Health(status="ok"))
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        nats_ok = self.deps.bus.nc.is_connected
+        try:
+            redis_ok = bool(await asyncio.wait_for(self.deps.store.r.ping(), 1.0))
+        except Exception:
+            redis_ok = False
+        ok = nats_ok and redis_ok
+        return json_response(
+            views.Health(status="ok" if ok else "unavailable", nats=nats_ok, redis=redis_ok), 200 if ok else 503
+        )
+
+
+def routes(gw: Gateway, spec: bytes) -> list[tuple[str, str, Handler]]:
+    async def openapi_json(request: web.Request) -> web.Response:
+        return web.Response(body=spec, content_type="application/json")
+
+    return [
+        ("POST", "/v1/jobs", gw.submit),
+        ("GET", "/v1/jobs", gw.list_jobs),
+        ("GET", "/v1/jobs/{id}", gw.get_job),
+        ("DELETE", "/v1/jobs/{id}", gw.cancel),
+        ("GET", "/v1/cluster", gw.cluster),
+        ("POST", "/v1/nodes/{id}/drain", gw.drain),
+        ("POST", "/v1/nodes/{id}/undrain", gw.undrain),
+        ("GET", "/v1/events", gw.events),
+        ("GET", "/openapi.json", openapi_json),
+        ("GET", "/healthz", gw.healthz),
+        ("GET", "/readyz", gw.readyz),
+    ]
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error answer is an ErrorBody; a lost backend is a 503, never a stack trace."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        resp = error_response(e.status, e.reason)
+        if "Allow" in e.headers:
+            resp.headers["Allow"] = e.headers["Allow"]
+        return resp
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, nats.errors.Error, TimeoutError) as e:
+        log.warning("%s %s: backend unavailable: %r", request.method, request.path, e)
+        return error_response(503, "a backend (NATS or Redis) is unavailable; try again")
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(500, "internal error")
+
+
+GATEWAY = web.AppKey("gateway", Gateway)
+
+
+def build_app(deps: Deps, *, keepalive_s: float = 15.0, admin_timeout_s: float = 2.0) -> web.Application:
+    gw = Gateway(deps, keepalive_s=keepalive_s, admin_timeout_s=admin_timeout_s)
+    app = web.Application(middlewares=[errors_as_json], client_max_size=MAX_BODY)
+    app[GATEWAY] = gw
+    spec = msgspec.json.encode(openapi.document())
+    for method, path, handler in routes(gw, spec):
+        app.router.add_route(method, path, handler)
+    app.on_shutdown.append(gw.close_streams)
+    return app
+
+
+class GatewayService(Service):
+    name = "gateway"
+
+    def __init__(self, deps: Deps, *, keepalive_s: float = 15.0) -> None:
+        super().__init__(deps)
+        self.app = build_app(deps, keepalive_s=keepalive_s)
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None  # bound port (settings.gateway_port may be 0)
+
+    async def start(self) -> None:
+        s = self.deps.settings
+        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=log)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, s.gateway_host, s.gateway_port)
+        await site.start()
+        addresses = self._runner.addresses
+        self.port = addresses[0][1] if addresses else None
+        log.info("gateway listening on %s:%s", s.gateway_host, self.port)
+
+    async def on_stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()  # runs on_shutdown: open SSE streams end
+            self._runner = None

@@ -1,0 +1,158 @@
+"""Validation of API input, pure: bytes (and the current topology) in, a job or an `ApiError` out.
+
+Two stages, both before anything touches the bus:
+1. Syntax and types: `schemas.JOB_BODY_JSON` (strict: unknown fields rejected). Unparseable JSON or a
+   non-object → 400; anything else → 422 naming the field from msgspec's error path.
+2. Semantics: `shared.core.shape.request` against the registered topology, so the API and the scheduler
+   use the same words. ShapeError fields are mapped onto the body's JSON paths ("segment" →
+   "topology.segment").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import msgspec
+
+from shared.core import JobSpec, Need, NodeSpec, ShapeError, Topology, TopologyError, request
+from shared.schemas import JOB_BODY_JSON, JobBody, NodeRecord
+
+T = TypeVar("T")
+
+# msgspec appends the location of a bad value: "Expected `int` >= 1 - at `$.topology.segment`".
+_AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+# ... and names a missing or unknown key in the message itself.
+_KEY = re.compile(r"(?:missing required field|contains unknown field) `(?P<key>[^`]+)`")
+
+# JobSpec attribute (ShapeError.field) → where it sits in the request body.
+_BODY_FIELD = {"segment": "topology.segment", "nvlink": "topology.nvlink", "level": "topology.level"}
+
+
+@dataclass(frozen=True, slots=True)
+class ApiError:
+    status: int
+    error: str
+    field: str | None = None
+
+
+def error_field(exc: msgspec.ValidationError) -> tuple[str | None, str]:
+    """(dotted field path or None for the document root, message without the location suffix)."""
+    text = str(exc)
+    path: str | None = None
+    m = _AT.search(text)
+    if m:
+        path = m.group("path") or None
+        text = text[: m.start()]
+    k = _KEY.search(text)
+    if k:
+        path = f"{path}.{k.group('key')}" if path else k.group("key")
+    return path, text
+
+
+def body_field(shape_field: str) -> str:
+    return _BODY_FIELD.get(shape_field, shape_field)
+
+
+def decode_json(data: bytes, decoder: msgspec.json.Decoder[T]) -> T | ApiError:
+    """Strict decode of a request body: 400 when it isn't a JSON object, 422 naming the field otherwise."""
+    try:
+        return decoder.decode(data)
+    except msgspec.ValidationError as e:  # subclass of DecodeError: catch it first
+        field, message = error_field(e)
+        if field is None and not _is_object(data):
+            return ApiError(400, f"the body must be a JSON object: {message}")
+        return ApiError(422, f"{field}: {message}" if field else message, field)
+    except msgspec.DecodeError as e:
+        return ApiError(400, f"the body is not valid JSON: {e}")
+
+
+def decode_job(data: bytes) -> JobBody | ApiError:
+    """Stage 1 for POST /v1/jobs."""
+    return decode_json(data, JOB_BODY_JSON)
+
+
+def _is_object(data: bytes) -> bool:
+    try:
+        return isinstance(msgspec.json.decode(data), dict)
+    except msgspec.DecodeError:
+        return False
+
+
+def job_spec(body: JobBody, job_id: str) -> JobSpec:
+    return JobSpec(
+        id=job_id,
+        gpus=body.gpus,
+        gpus_per_node=body.gpus_per_node,
+        nvlink=Need(body.topology.nvlink),
+        level=body.topology.level,
+        segment=body.topology.segment,
+        exclusive=body.exclusive,
+        priority=body.priority,
+        tenant=body.tenant,
+        checkpointable=body.checkpointable,
+        expected_runtime_s=body.expected_runtime_s if body.expected_runtime_s is not None else body.duration_s,
+    )
+
+
+def static_checks(spec: JobSpec) -> None:
+    """The shape rules that hold on any topology (same words as `shape.request`); raises ShapeError.
+
+    Used while no node is registered: node sizes and domain sizes are unknown then, so the default
+    gpus_per_node, cluster size, domain size and level names are NOT checked; the queue re-validates
+    against the real topology and fails the job with the ShapeError's words if it can never fit.
+    """
+    nodes: int | None = None
+    if spec.gpus_per_node is not None:
+        if spec.gpus % spec.gpus_per_node:
+            raise ShapeError("gpus", f"{spec.gpus} is not a multiple of gpus_per_node {spec.gpus_per_node}")
+        nodes = spec.gpus // spec.gpus_per_node
+    if spec.segment is not None:
+        if spec.nvlink is Need.NONE:
+            raise ShapeError("segment", "a segmented job needs topology nvlink required or preferred")
+        if nodes is not None and nodes % spec.segment:
+            raise ShapeError("segment", f"{nodes} nodes is not a multiple of segment {spec.segment}")
+
+
+def check_shape(spec: JobSpec, topology: Topology | None) -> ApiError | None:
+    """Stage 2: semantic checks; `topology` None means no node is registered yet (static checks only)."""
+    try:
+        if topology is None:
+            static_checks(spec)
+        else:
+            request(spec, topology)
+    except ShapeError as e:
+        field = body_field(e.field)
+        return ApiError(422, f"{field}: {e.message}", field)
+    return None
+
+
+def validate_job(data: bytes, topology: Topology | None, job_id: str = "new") -> tuple[JobBody, JobSpec] | ApiError:
+    """Both stages: the decoded body and its JobSpec, or the error to answer with."""
+    body = decode_job(data)
+    if isinstance(body, ApiError):
+        return body
+    spec = job_spec(body, job_id)
+    error = check_shape(spec, topology)
+    return error if error is not None else (body, spec)
+
+
+def topology_from_nodes(nodes: Iterable[NodeRecord], generation: int = 0) -> Topology | None:
+    """The registered fleet as a core Topology (every node, whatever its health: a job may wait for a node).
+
+    Levels: domain (NodeRecord.domain) > clique ("{domain}.{clique}"), with a leaf level above when every
+    node reports one. None when no node is registered.
+    """
+    recs = list(nodes)
+    if not recs:
+        return None
+    base = [NodeSpec(r.name, r.gpus, (r.domain, f"{r.domain}.{r.clique}")) for r in recs]
+    if all(r.leaf for r in recs):
+        try:
+            specs = [NodeSpec(s.name, s.gpus, (str(r.leaf), *s.groups)) for s, r in zip(base, recs, strict=True)]
+            return Topology(("leaf", "domain", "clique"), specs, generation=generation)
+        except TopologyError:
+            pass  # inconsistent leaves (a domain under two): validate without the leaf level
+    return Topology(("domain", "clique"), base, generation=generation)

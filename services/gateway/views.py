@@ -1,0 +1,199 @@
+"""What the API returns: msgspec Structs (encoded with msgspec.json, described in /openapi.json) and the
+functions that build them from the Redis records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Annotated
+
+import msgspec
+
+from shared.schemas import AllocationRecord, JobRecord, JobState, NodeGpus, NodeRecord, TopologyBody
+
+
+class ErrorBody(msgspec.Struct, kw_only=True):
+    """Every 4xx/5xx answer. `field` is the dotted path of the offending input, when there is one."""
+
+    error: str
+    field: str | None = None
+
+
+class Accepted(msgspec.Struct, kw_only=True):
+    id: str
+    state: str
+
+
+class DrainBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Optional body of POST /v1/nodes/{id}/drain and /undrain."""
+
+    reason: Annotated[str, msgspec.Meta(max_length=512)] = ""
+
+
+class NodeAdminResult(msgspec.Struct, kw_only=True):
+    node: str
+    state: str
+
+
+class Placed(msgspec.Struct, kw_only=True):
+    """GPUs of one node held by a job, with the node's NVLink domain."""
+
+    domain: str
+    node: str
+    gpus: list[int]
+
+
+class JobView(msgspec.Struct, kw_only=True):
+    """A job as stored by the queue (JobRecord), kept after it ends."""
+
+    id: str
+    name: str
+    tenant: str
+    state: JobState
+    reason: str  # why it is pending (or how it ended)
+    gpus: int
+    gpus_per_node: int | None
+    topology: TopologyBody
+    priority: int
+    exclusive: bool
+    checkpointable: bool
+    allocation: list[Placed]
+    submitted_at: float
+    started_at: float | None
+    ended_at: float | None
+    updated_at: float
+    attempt: int
+    exit_codes: dict[str, int]  # "node/rank" → exit code
+
+
+class JobList(msgspec.Struct, kw_only=True):
+    jobs: list[JobView]
+    total: int  # jobs matching the filters
+    offset: int
+    limit: int
+
+
+class GpuView(msgspec.Struct, kw_only=True):
+    index: int
+    health: str  # ok | degraded | down
+    job: str | None  # owning job id
+
+
+class Utilisation(msgspec.Struct, kw_only=True):
+    """`healthy`: GPUs not down on nodes not down; `busy`: GPUs held by a job; ratio: busy healthy / healthy."""
+
+    total: int
+    healthy: int
+    busy: int
+    ratio: float
+
+
+class NodeView(msgspec.Struct, kw_only=True):
+    name: str
+    state: str  # up | draining | down
+    drained: bool
+    reason: str
+    clique: int
+    leaf: str | None
+    backend: str
+    last_heartbeat: float
+    gpus: list[GpuView]
+
+
+class DomainView(msgspec.Struct, kw_only=True):
+    name: str
+    nodes: list[NodeView]
+    utilisation: Utilisation
+
+
+class AllocationView(msgspec.Struct, kw_only=True):
+    job_id: str
+    attempt: int
+    committed_at: float
+    nodes: list[Placed]
+
+
+class ClusterView(msgspec.Struct, kw_only=True):
+    generation: int  # topology generation (bumped on every inventory change)
+    domains: list[DomainView]
+    allocations: list[AllocationView]
+    utilisation: Utilisation
+
+
+class Health(msgspec.Struct, kw_only=True):
+    status: str
+    nats: bool | None = None
+    redis: bool | None = None
+
+
+def placed(nodes: Iterable[NodeGpus], domain_of: Mapping[str, str]) -> list[Placed]:
+    return [Placed(domain=domain_of.get(ng.node, ""), node=ng.node, gpus=list(ng.gpus)) for ng in nodes]
+
+
+def job_view(rec: JobRecord, domain_of: Mapping[str, str]) -> JobView:
+    s = rec.spec
+    return JobView(
+        id=rec.id,
+        name=s.name,
+        tenant=s.tenant,
+        state=rec.state,
+        reason=rec.reason,
+        gpus=s.gpus,
+        gpus_per_node=s.gpus_per_node,
+        topology=s.topology,
+        priority=s.priority,
+        exclusive=s.exclusive,
+        checkpointable=s.checkpointable,
+        allocation=placed(rec.allocation, domain_of),
+        submitted_at=rec.submitted_at,
+        started_at=rec.started_at,
+        ended_at=rec.ended_at,
+        updated_at=rec.updated_at,
+        attempt=rec.attempt,
+        exit_codes=dict(rec.exit_codes),
+    )
+
+
+def _utilisation(gpus: Iterable[tuple[bool, bool]]) -> Utilisation:
+    total = healthy = busy = working = 0
+    for ok, owned in gpus:
+        total += 1
+        healthy += ok
+        busy += owned
+        working += ok and owned
+    return Utilisation(total=total, healthy=healthy, busy=busy, ratio=round(working / healthy, 4) if healthy else 0.0)
+
+
+def cluster_view(nodes: list[NodeRecord], allocations: list[AllocationRecord], generation: int) -> ClusterView:
+    domain_of = {n.name: n.domain for n in nodes}
+    owner = {(ng.node, g): a.job_id for a in allocations for ng in a.nodes for g in ng.gpus}
+    by_domain: dict[str, list[NodeView]] = {}
+    flags: dict[str, list[tuple[bool, bool]]] = {}
+    for n in sorted(nodes, key=lambda r: (r.domain, r.name)):
+        gpus = []
+        for i in range(n.gpus):
+            health = n.gpu_health.get(str(i), "ok")
+            job = owner.get((n.name, i))
+            gpus.append(GpuView(index=i, health=health, job=job))
+            flags.setdefault(n.domain, []).append((n.state != "down" and health != "down", job is not None))
+        by_domain.setdefault(n.domain, []).append(
+            NodeView(
+                name=n.name,
+                state=n.state,
+                drained=n.drained,
+                reason=n.reason,
+                clique=n.clique,
+                leaf=n.leaf,
+                backend=n.backend,
+                last_heartbeat=n.last_heartbeat,
+                gpus=gpus,
+            )
+        )
+    domains = [DomainView(name=d, nodes=v, utilisation=_utilisation(flags[d])) for d, v in by_domain.items()]
+    allocs = [
+        AllocationView(
+            job_id=a.job_id, attempt=a.attempt, committed_at=a.committed_at, nodes=placed(a.nodes, domain_of)
+        )
+        for a in allocations
+    ]
+    overall = _utilisation(f for fs in flags.values() for f in fs)
+    return ClusterView(generation=generation, domains=domains, allocations=allocs, utilisation=overall)

@@ -1,0 +1,485 @@
+"""The HTTP gateway against real NATS JetStream and Redis (no mocks): what it publishes, what it reads back.
+
+Nothing else of Rackscale runs here: job records, nodes and allocations are written with the Store the
+way the queue, inventory and placement write them, and inventory's drain replies come from a tiny
+responder on names.node_admin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+import nats.errors
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from services.gateway.service import GatewayService, build_app, idempotent_job_id
+from shared.names import Names
+from shared.runtime import Deps
+from shared.schemas import (
+    JOB_INTAKE,
+    NODE_ADMIN,
+    AdminReply,
+    AllocationRecord,
+    JobBody,
+    JobCancel,
+    JobEvent,
+    JobRecord,
+    JobState,
+    JobSubmitted,
+    NodeChanged,
+    NodeGpus,
+    NodeRecord,
+    TopologyBody,
+    encode,
+)
+from shared.settings import Settings
+from shared.tracing import noop_tracer
+from tests.integration.conftest import delete_nats_namespace, delete_redis_namespace
+
+pytestmark = pytest.mark.asyncio
+
+NOW = 1_700_000_000.0
+JOB = {"name": "train", "tenant": "a", "gpus": 8}
+Client = TestClient[web.Request, web.Application]
+
+
+@dataclass
+class Gw:
+    client: Client
+    deps: Deps
+    names: Names
+
+    @property
+    def js(self) -> Any:
+        return self.deps.bus.js
+
+    async def stream_count(self, subject: str) -> int:
+        info = await self.js.stream_info(self.names.stream_for(subject), subjects_filter=subject)
+        return sum((info.state.subjects or {}).values())
+
+    async def pull(self, subject: str, n: int = 1, timeout: float = 1.0) -> list[Msg]:
+        """Up to `n` messages on `subject`, through a fresh durable pull consumer (a test consumer)."""
+        durable = f"test-{subject.rsplit('.', 1)[-1]}"
+        sub = await self.js.pull_subscribe(subject, durable=durable, stream=self.names.stream_for(subject))
+        try:
+            return list(await sub.fetch(n, timeout=timeout))
+        except nats.errors.TimeoutError:
+            return []
+        finally:
+            await sub.unsubscribe()
+
+
+async def _deps(nats_url: str, redis_url: str, names: Names) -> Deps:
+    return await Deps.connect(
+        Settings(gateway_port=0),
+        "gateway",
+        nats_url,
+        redis_url,
+        names,
+        tracer=noop_tracer("gateway"),
+        clock=lambda: NOW,
+    )
+
+
+async def _cleanup(nats_url: str, redis_url: str, namespace: str) -> None:
+    # Names upper-cases the prefix in stream names ("T1A2B3C4D_JOBS").
+    await delete_nats_namespace(nats_url, namespace.upper())
+    await delete_redis_namespace(redis_url, namespace)
+
+
+@pytest_asyncio.fixture
+async def gw(nats_url: str, redis_url: str, namespace: str) -> AsyncIterator[Gw]:
+    names = Names(prefix=namespace)
+    deps = await _deps(nats_url, redis_url, names)
+    app = build_app(deps, keepalive_s=0.3, admin_timeout_s=0.5)
+    try:
+        async with TestClient(TestServer(app)) as client:
+            yield Gw(client, deps, names)
+    finally:
+        await deps.close()
+        await _cleanup(nats_url, redis_url, namespace)
+
+
+def _node(name: str, domain: str, **kw: Any) -> NodeRecord:
+    return NodeRecord(name=name, domain=domain, **kw)
+
+
+def _record(
+    job_id: str, tenant: str = "a", state: JobState = JobState.PENDING, at: float = NOW, **kw: Any
+) -> JobRecord:
+    spec = JobBody(name=f"job-{job_id}", tenant=tenant, gpus=4)
+    return JobRecord(id=job_id, spec=spec, state=state, submitted_at=at, updated_at=at, **kw)
+
+
+# -- submit ----------------------------------------------------------------------------------------------
+
+
+async def test_submit_publishes_job_submitted(gw: Gw) -> None:
+    resp = await gw.client.post("/v1/jobs", json={**JOB, "topology": {"nvlink": "preferred"}})
+    assert resp.status == 202
+    accepted = await resp.json()
+    assert accepted == {"id": accepted["id"], "state": "pending"} and len(accepted["id"]) == 32
+    assert resp.headers["Location"] == f"/v1/jobs/{accepted['id']}"
+
+    (msg,) = await gw.pull(gw.names.job_submit)
+    sub = JOB_INTAKE.decode(msg.data)
+    assert isinstance(sub, JobSubmitted)
+    assert sub.job_id == accepted["id"] and sub.submitted_at == NOW
+    assert sub.spec == JobBody(name="train", tenant="a", gpus=8, topology=TopologyBody(nvlink="preferred"))
+    assert msg.headers is not None and msg.headers["Nats-Msg-Id"] == sub.job_id
+    assert msg.headers["traceparent"].startswith("00-")  # the job's trace starts at the gateway
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "field"),
+    [
+        (b"{not json", 400, None),
+        (b"[1]", 400, None),
+        (b'{"name": "x", "tenant": "a", "gpus": 0}', 422, "gpus"),
+        (b'{"name": "x", "tenant": "a", "gpus": 4, "colour": "red"}', 422, "colour"),
+        (b'{"name": "x", "tenant": "a", "gpus": 4, "topology": {"segment": 0}}', 422, "topology.segment"),
+        (b'{"name": "x", "tenant": "a", "gpus": 6, "gpus_per_node": 4}', 422, "gpus"),
+    ],
+)
+async def test_invalid_submit_publishes_nothing(gw: Gw, data: bytes, status: int, field: str | None) -> None:
+    resp = await gw.client.post("/v1/jobs", data=data, headers={"Content-Type": "application/json"})
+    assert resp.status == status
+    err = await resp.json()
+    assert err["field"] == field and err["error"]
+    assert await gw.stream_count(gw.names.job_submit) == 0
+    assert await gw.pull(gw.names.job_submit, timeout=0.3) == []
+
+
+async def test_validation_follows_the_registered_topology(gw: Gw) -> None:
+    shape = {**JOB, "gpus": 16}  # 4 whole nodes, NVLink required in one domain
+    # no node registered yet: only the static rules apply
+    assert (await gw.client.post("/v1/jobs", json=shape)).status == 202
+
+    for i in range(2):
+        await gw.deps.store.put_node(_node(f"n{i}", "r1"))
+    resp = await gw.client.post("/v1/jobs", json=shape)
+    assert resp.status == 422
+    assert await resp.json() == {"error": "gpus: 16 GPUs need 4 nodes; the cluster has 2", "field": "gpus"}
+
+    for i in range(2, 6):
+        await gw.deps.store.put_node(_node(f"n{i}", "r2" if i > 2 else "r1"))  # r1: 3 nodes, r2: 3 nodes
+    resp = await gw.client.post("/v1/jobs", json=shape)
+    assert resp.status == 422 and "can't fit in one NVLink domain (largest: 3 nodes)" in (await resp.json())["error"]
+    resp = await gw.client.post("/v1/jobs", json={**shape, "topology": {"segment": 2}})
+    assert resp.status == 202
+    assert await gw.stream_count(gw.names.job_submit) == 2
+
+
+async def test_idempotent_resubmit(gw: Gw) -> None:
+    key = {"Idempotency-Key": "run-42"}
+    first = await gw.client.post("/v1/jobs", json=JOB, headers=key)
+    again = await gw.client.post("/v1/jobs", json=JOB, headers=key)
+    assert (first.status, again.status) == (202, 202)
+    job_id = (await first.json())["id"]
+    assert (await again.json())["id"] == job_id == idempotent_job_id("a", "run-42")
+    assert await gw.stream_count(gw.names.job_submit) == 1  # JetStream dropped the duplicate (same msg id)
+
+    # once the queue has recorded it, a retry answers with the job as it is now
+    rec = JobRecord(id=job_id, spec=JobBody(name="train", tenant="a", gpus=8), state=JobState.RUNNING)
+    await gw.deps.store.put_job(rec, new=True)
+    resp = await gw.client.post("/v1/jobs", json=JOB, headers=key)
+    assert resp.status == 200
+    assert (await resp.json())["id"] == job_id and (await resp.json())["state"] == "running"
+
+    resp = await gw.client.post("/v1/jobs", json={**JOB, "gpus": 4}, headers=key)
+    assert resp.status == 422 and (await resp.json())["field"] == "Idempotency-Key"
+    other = await gw.client.post("/v1/jobs", json={**JOB, "tenant": "b"}, headers=key)
+    assert other.status == 202 and (await other.json())["id"] != job_id  # keys are per tenant
+    bad = await gw.client.post("/v1/jobs", json=JOB, headers={"Idempotency-Key": "x" * 256})
+    assert bad.status == 400
+    assert await gw.stream_count(gw.names.job_submit) == 2
+
+
+# -- reads -----------------------------------------------------------------------------------------------
+
+
+async def test_get_job_shows_the_record(gw: Gw) -> None:
+    store = gw.deps.store
+    await store.put_node(_node("n1", "r1"))
+    await store.put_node(_node("n2", "r2"))
+    spec = JobBody(name="train", tenant="a", gpus=6, gpus_per_node=3, topology=TopologyBody(nvlink="preferred"))
+    rec = JobRecord(
+        id="j1",
+        spec=spec,
+        state=JobState.SUCCEEDED,
+        reason="exited 0",
+        submitted_at=NOW,
+        updated_at=NOW + 30,
+        started_at=NOW + 5,
+        ended_at=NOW + 30,
+        attempt=1,
+        allocation=[NodeGpus("n1", [0, 1, 2]), NodeGpus("n2", [1, 2, 3])],
+        exit_codes={"n1/0": 0, "n2/1": 0},
+    )
+    await store.put_job(rec, new=True)
+    resp = await gw.client.get("/v1/jobs/j1")
+    assert resp.status == 200
+    assert await resp.json() == {
+        "id": "j1",
+        "name": "train",
+        "tenant": "a",
+        "state": "succeeded",
+        "reason": "exited 0",
+        "gpus": 6,
+        "gpus_per_node": 3,
+        "topology": {"nvlink": "preferred", "segment": None, "level": "domain"},
+        "priority": 0,
+        "exclusive": False,
+        "checkpointable": False,
+        "allocation": [
+            {"domain": "r1", "node": "n1", "gpus": [0, 1, 2]},
+            {"domain": "r2", "node": "n2", "gpus": [1, 2, 3]},
+        ],
+        "submitted_at": NOW,
+        "started_at": NOW + 5,
+        "ended_at": NOW + 30,
+        "updated_at": NOW + 30,
+        "attempt": 1,
+        "exit_codes": {"n1/0": 0, "n2/1": 0},
+    }
+    missing = await gw.client.get("/v1/jobs/nope")
+    assert missing.status == 404 and await missing.json() == {"error": "unknown job nope", "field": None}
+
+
+async def test_list_jobs_filters_and_pages(gw: Gw) -> None:
+    rows = [("j0", "a", JobState.PENDING), ("j1", "a", JobState.RUNNING), ("j2", "b", JobState.RUNNING)]
+    rows += [("j3", "a", JobState.FAILED), ("j4", "b", JobState.PENDING), ("j5", "a", JobState.RUNNING)]
+    for i, (job_id, tenant, state) in enumerate(rows):
+        await gw.deps.store.put_job(_record(job_id, tenant, state, at=NOW + i), new=True)
+
+    async def ids(query: str) -> tuple[list[str], dict[str, Any]]:
+        resp = await gw.client.get(f"/v1/jobs{query}")
+        assert resp.status == 200
+        page = await resp.json()
+        return [j["id"] for j in page.pop("jobs")], page
+
+    assert await ids("") == (["j0", "j1", "j2", "j3", "j4", "j5"], {"total": 6, "offset": 0, "limit": 50})
+    assert await ids("?tenant=a") == (["j0", "j1", "j3", "j5"], {"total": 4, "offset": 0, "limit": 50})
+    assert await ids("?state=running") == (["j1", "j2", "j5"], {"total": 3, "offset": 0, "limit": 50})
+    assert await ids("?tenant=a&state=running") == (["j1", "j5"], {"total": 2, "offset": 0, "limit": 50})
+    assert await ids("?tenant=a&offset=1&limit=2") == (["j1", "j3"], {"total": 4, "offset": 1, "limit": 2})
+    assert await ids("?offset=10&limit=500") == ([], {"total": 6, "offset": 10, "limit": 500})
+
+    for query, field in [
+        ("?limit=501", "limit"),
+        ("?limit=0", "limit"),
+        ("?offset=-1", "offset"),
+        ("?offset=two", "offset"),
+        ("?state=sleeping", "state"),
+    ]:
+        resp = await gw.client.get(f"/v1/jobs{query}")
+        assert resp.status == 422, query
+        assert (await resp.json())["field"] == field
+
+
+async def test_cancel_publishes_job_cancel(gw: Gw) -> None:
+    await gw.deps.store.put_job(_record("j1", state=JobState.RUNNING), new=True)
+    await gw.deps.store.put_job(_record("j2", state=JobState.SUCCEEDED), new=True)
+
+    resp = await gw.client.delete("/v1/jobs/j1")
+    assert resp.status == 202 and await resp.json() == {"id": "j1", "state": "cancelling"}
+    (msg,) = await gw.pull(gw.names.job_cancel)
+    assert JOB_INTAKE.decode(msg.data) == JobCancel(job_id="j1", at=NOW)
+
+    done = await gw.client.delete("/v1/jobs/j2")
+    assert done.status == 409 and "already succeeded" in (await done.json())["error"]
+    assert (await gw.client.delete("/v1/jobs/nope")).status == 404
+    assert await gw.stream_count(gw.names.job_cancel) == 1
+
+
+async def test_cluster_view(gw: Gw) -> None:
+    store = gw.deps.store
+    await store.put_node(_node("n1", "r1", gpu_health={"3": "down", "2": "degraded"}))
+    await store.put_node(_node("n2", "r1"))
+    await store.put_node(_node("n3", "r2", state="down", reason="missed heartbeats"))
+    rec = AllocationRecord(
+        job_id="j1", attempt=1, nodes=[NodeGpus("n1", [0, 1]), NodeGpus("n2", [0, 1, 2, 3])], committed_at=NOW
+    )
+    assert (await store.commit(rec)).ok
+
+    resp = await gw.client.get("/v1/cluster")
+    assert resp.status == 200
+    view = await resp.json()
+    assert view["generation"] == await store.topology_generation()
+    assert view["utilisation"] == {"total": 12, "healthy": 7, "busy": 6, "ratio": round(6 / 7, 4)}
+    r1, r2 = view["domains"]
+    assert (r1["name"], r2["name"]) == ("r1", "r2")
+    assert r1["utilisation"] == {"total": 8, "healthy": 7, "busy": 6, "ratio": round(6 / 7, 4)}
+    assert r2["utilisation"] == {"total": 4, "healthy": 0, "busy": 0, "ratio": 0.0}
+    n1 = r1["nodes"][0]
+    assert n1["name"] == "n1" and n1["state"] == "up"
+    assert n1["gpus"] == [
+        {"index": 0, "health": "ok", "job": "j1"},
+        {"index": 1, "health": "ok", "job": "j1"},
+        {"index": 2, "health": "degraded", "job": None},
+        {"index": 3, "health": "down", "job": None},
+    ]
+    assert r2["nodes"][0]["state"] == "down" and r2["nodes"][0]["reason"] == "missed heartbeats"
+    assert view["allocations"] == [
+        {
+            "job_id": "j1",
+            "attempt": 1,
+            "committed_at": NOW,
+            "nodes": [
+                {"domain": "r1", "node": "n1", "gpus": [0, 1]},
+                {"domain": "r1", "node": "n2", "gpus": [0, 1, 2, 3]},
+            ],
+        }
+    ]
+
+
+# -- nodes -----------------------------------------------------------------------------------------------
+
+
+async def test_drain_and_undrain_ask_inventory(gw: Gw, nats_client: NatsClient) -> None:
+    asked: list[Any] = []
+
+    async def inventory(m: Msg) -> None:  # a stand-in for inventory's admin responder
+        req = NODE_ADMIN.decode(m.data)
+        asked.append(req)
+        if req.node != "n1":
+            reply = AdminReply(ok=False, error=f"unknown node {req.node}")
+        else:
+            reply = AdminReply(ok=True, state="draining" if req.action == "drain" else "up")
+        await m.respond(encode(reply))
+
+    await nats_client.subscribe(gw.names.node_admin, cb=inventory)
+    await nats_client.flush()
+
+    resp = await gw.client.post("/v1/nodes/n1/drain", json={"reason": "swap a tray"})
+    assert resp.status == 200 and await resp.json() == {"node": "n1", "state": "draining"}
+    resp = await gw.client.post("/v1/nodes/n1/undrain")
+    assert resp.status == 200 and await resp.json() == {"node": "n1", "state": "up"}
+    resp = await gw.client.post("/v1/nodes/n9/drain")
+    assert resp.status == 404 and await resp.json() == {"error": "unknown node n9", "field": None}
+    assert [(a.node, a.action, a.reason) for a in asked] == [
+        ("n1", "drain", "swap a tray"),
+        ("n1", "undrain", ""),
+        ("n9", "drain", ""),
+    ]
+    bad = await gw.client.post("/v1/nodes/n1/drain", json={"why": "x"})
+    assert bad.status == 422 and (await bad.json())["field"] == "why"
+    assert len(asked) == 3  # nothing asked for a bad body
+
+
+async def test_drain_without_inventory_is_503(gw: Gw) -> None:
+    resp = await gw.client.post("/v1/nodes/n1/drain")
+    assert resp.status == 503 and "inventory did not answer" in (await resp.json())["error"]
+
+
+# -- events ----------------------------------------------------------------------------------------------
+
+
+async def _frame(resp: aiohttp.ClientResponse) -> list[str]:
+    """Lines of the next SSE frame (up to a blank line)."""
+    lines: list[str] = []
+    while True:
+        line = (await asyncio.wait_for(resp.content.readline(), 5.0)).decode().rstrip("\n")
+        if not line:
+            if lines:
+                return lines
+            continue
+        lines.append(line)
+
+
+async def test_events_stream_job_and_node_events(gw: Gw) -> None:
+    resp = await gw.client.get("/v1/events")
+    assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+    assert await _frame(resp) == [": connected"]  # subscribed: events published from now on arrive
+
+    ev = JobEvent(job_id="x", state=JobState.RUNNING, reason="", at=NOW, attempt=1, tenant="a")
+    await gw.deps.bus.publish(gw.names.job_event("x"), ev)
+    frame = await _frame(resp)
+    while frame == [": keep-alive"]:
+        frame = await _frame(resp)
+    assert frame[0] == "event: job"
+    assert msgspec.json.decode(frame[1].removeprefix("data: "), type=JobEvent) == ev
+
+    node = NodeChanged(node="n1", state="down", reason="missed heartbeats", at=NOW)
+    await gw.deps.bus.publish(gw.names.node_events, node)
+    frame = await _frame(resp)
+    while frame == [": keep-alive"]:
+        frame = await _frame(resp)
+    assert frame[0] == "event: node"
+    assert msgspec.json.decode(frame[1].removeprefix("data: "), type=NodeChanged) == node
+
+    assert await _frame(resp) == [": keep-alive"]  # every keepalive_s (0.3 s here, 15 s by default)
+    resp.close()
+
+
+# -- meta ------------------------------------------------------------------------------------------------
+
+
+async def test_health_and_readiness(gw: Gw) -> None:
+    assert (await gw.client.get("/healthz")).status == 200
+    resp = await gw.client.get("/readyz")
+    assert resp.status == 200 and await resp.json() == {"status": "ok", "nats": True, "redis": True}
+
+
+async def test_not_ready_without_nats(nats_url: str, redis_url: str, namespace: str) -> None:
+    deps = await _deps(nats_url, redis_url, Names(prefix=namespace))
+    try:
+        async with TestClient(TestServer(build_app(deps))) as client:
+            await deps.bus.nc.close()
+            resp = await client.get("/readyz")
+            assert resp.status == 503 and (await resp.json())["nats"] is False
+            assert (await client.get("/healthz")).status == 200
+    finally:
+        await deps.close()
+        await _cleanup(nats_url, redis_url, namespace)
+
+
+async def test_openapi_document_is_valid(gw: Gw) -> None:
+    import openapi_spec_validator as validator
+    resp = await gw.client.get("/openapi.json")
+    assert resp.status == 200
+    doc = await resp.json()
+    validator.validate(doc)
+    assert doc["openapi"] == "3.1.0" and "/v1/jobs/{id}" in doc["paths"]
+
+
+async def test_http_errors_answer_json(gw: Gw) -> None:
+    resp = await gw.client.get("/v1/nope")
+    assert resp.status == 404 and (await resp.json())["error"] == "Not Found"
+    resp = await gw.client.put("/v1/jobs", json=JOB)
+    assert resp.status == 405 and "POST" in resp.headers["Allow"]
+    resp = await gw.client.post("/v1/jobs", data=b"{" + b" " * (1 << 20) + b"}")
+    assert resp.status == 413 and "error" in await resp.json()
+    assert await gw.stream_count(gw.names.job_submit) == 0
+
+
+async def test_service_serves_on_its_port_and_stops_with_open_streams(
+    nats_url: str, redis_url: str, namespace: str
+) -> None:
+    deps = await _deps(nats_url, redis_url, Names(prefix=namespace))
+    service = GatewayService(deps)
+    try:
+        await service.start()
+        assert service.port
+        base = f"http://{deps.settings.gateway_host}:{service.port}"
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/healthz") as resp:
+                assert resp.status == 200
+            events = await http.get(f"{base}/v1/events")
+            assert await _frame(events) == [": connected"]
+            await asyncio.wait_for(service.stop(grace_s=1.0), 5.0)  # the open stream doesn't hold it up
+            assert await asyncio.wait_for(events.content.read(), 5.0) == b""
+            events.close()
+    finally:
+        await deps.close()
+        await _cleanup(nats_url, redis_url, namespace)

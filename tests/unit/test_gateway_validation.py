@@ -1,0 +1,272 @@
+"""Gateway input validation (pure, no servers) and the OpenAPI document's coverage of the routes.
+
+Topology for the semantic checks (levels outermost first; index 0 is the synthetic ``cluster`` root):
+
+    NVL72 x2    cluster(0) > domain(1) > clique(2)
+                +----------------------+----------------------+
+                | d00: 18 nodes x 4    | d01: 18 nodes x 4    |    36 nodes, 144 GPUs
+                +----------------------+----------------------+
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import nats.aio.client
+import pytest
+
+from services.gateway import openapi
+from services.gateway.service import build_app, idempotent_job_id
+from services.gateway.validation import ApiError, error_field, topology_from_nodes, validate_job
+from shared.bus import Bus
+from shared.core import Need, Topology
+from shared.names import Names
+from shared.runtime import Deps
+from shared.schemas import JOB_BODY_JSON, JobBody, NodeRecord
+from shared.settings import Settings
+from shared.store import Store
+from shared.tracing import noop_tracer
+
+NVL72x2 = Topology.uniform(2)
+OK: dict[str, Any] = {"name": "train", "tenant": "a", "gpus": 8}
+
+
+def body(**changes: Any) -> bytes:
+    """OK with `changes` applied; a value of ... deletes the key; "topology" merges into {}."""
+    doc = dict(OK)
+    for k, v in changes.items():
+        if v is ...:
+            doc.pop(k, None)
+        else:
+            doc[k] = v
+    return json.dumps(doc).encode()
+
+
+@dataclass(frozen=True)
+class Bad:
+    id: str
+    data: bytes
+    status: int
+    field: str | None
+    phrase: str
+    topo: Topology | None = NVL72x2
+
+
+BAD = [
+    # -- not JSON / not an object → 400
+    Bad("not-json", b'{"name": ', 400, None, "not valid JSON"),
+    Bad("empty", b"", 400, None, "not valid JSON"),
+    Bad("array", b"[1, 2]", 400, None, "must be a JSON object"),
+    Bad("string", b'"job"', 400, None, "must be a JSON object"),
+    Bad("null", b"null", 400, None, "must be a JSON object"),
+    # -- missing required fields
+    Bad("missing-name", body(name=...), 422, "name", "missing required field `name`"),
+    Bad("missing-tenant", body(tenant=...), 422, "tenant", "missing required field `tenant`"),
+    Bad("missing-gpus", body(gpus=...), 422, "gpus", "missing required field `gpus`"),
+    # -- wrong types
+    Bad("name-int", body(name=7), 422, "name", "Expected `str`, got `int`"),
+    Bad("tenant-list", body(tenant=["a"]), 422, "tenant", "Expected `str`, got `array`"),
+    Bad("gpus-string", body(gpus="8"), 422, "gpus", "Expected `int`, got `str`"),
+    Bad("gpus-float", body(gpus=8.5), 422, "gpus", "Expected `int`, got `float`"),
+    Bad("gpus-bool", body(gpus=True), 422, "gpus", "Expected `int`, got `bool`"),
+    Bad("exclusive-string", body(exclusive="yes"), 422, "exclusive", "Expected `bool`"),
+    Bad("command-item", body(command=["python", 3]), 422, "command[1]", "Expected `str`, got `int`"),
+    Bad("topology-string", body(topology="required"), 422, "topology", "Expected `object`, got `str`"),
+    # -- bounds
+    Bad("gpus-0", body(gpus=0), 422, "gpus", ">= 1"),
+    Bad("gpus-negative", body(gpus=-4), 422, "gpus", ">= 1"),
+    Bad("gpus-per-node-0", body(gpus_per_node=0), 422, "gpus_per_node", ">= 1"),
+    Bad("priority-below", body(priority=-1001), 422, "priority", ">= -1000"),
+    Bad("priority-above", body(priority=1001), 422, "priority", "<= 1000"),
+    Bad("duration-negative", body(duration_s=-1), 422, "duration_s", ">= 0"),
+    Bad("runtime-negative", body(expected_runtime_s=-0.5), 422, "expected_runtime_s", ">= 0"),
+    Bad("name-empty", body(name=""), 422, "name", "length >= 1"),
+    Bad("name-pattern", body(name="-rm -rf"), 422, "name", "matching regex"),
+    Bad("tenant-too-long", body(tenant="t" * 129), 422, "tenant", "length <= 128"),
+    # -- unknown fields and enum values
+    Bad("unknown-field", body(colour="blue"), 422, "colour", "unknown field `colour`"),
+    Bad("unknown-nested", body(topology={"racks": 2}), 422, "topology.racks", "unknown field `racks`"),
+    Bad("bad-nvlink", body(topology={"nvlink": "sometimes"}), 422, "topology.nvlink", "Invalid enum value 'sometimes'"),
+    Bad("bad-on-failure", body(on_node_failure="retry"), 422, "on_node_failure", "Invalid enum value"),
+    Bad("segment-0", body(topology={"segment": 0}), 422, "topology.segment", ">= 1"),
+    Bad("segment-string", body(topology={"segment": "4"}), 422, "topology.segment", "Expected `int | null`, got `str`"),
+    # -- shape rules that hold on any topology (checked with and without nodes registered)
+    Bad("not-multiple", body(gpus=6, gpus_per_node=4), 422, "gpus", "6 is not a multiple of gpus_per_node 4"),
+    Bad("not-multiple-static", body(gpus=6, gpus_per_node=4), 422, "gpus", "not a multiple", topo=None),
+    Bad(
+        "segment-with-nvlink-none",
+        body(gpus=32, topology={"nvlink": "none", "segment": 4}),
+        422,
+        "topology.segment",
+        "needs topology nvlink required or preferred",
+    ),
+    Bad(
+        "segment-with-nvlink-none-static",
+        body(gpus=32, topology={"nvlink": "none", "segment": 4}),
+        422,
+        "topology.segment",
+        "needs topology nvlink required or preferred",
+        topo=None,
+    ),
+    Bad(
+        "segment-not-dividing",
+        body(gpus=16, topology={"segment": 3}),
+        422,
+        "topology.segment",
+        "4 nodes is not a multiple of segment 3",
+    ),
+    Bad(
+        "segment-not-dividing-static",
+        body(gpus=16, gpus_per_node=4, topology={"segment": 3}),
+        422,
+        "topology.segment",
+        "not a multiple of segment 3",
+        topo=None,
+    ),
+    # -- against the topology
+    Bad("default-per-node", body(gpus=6), 422, "gpus", "6 is not a multiple of gpus_per_node 4"),
+    Bad("per-node-too-big", body(gpus=16, gpus_per_node=8), 422, "gpus_per_node", "more than any node has"),
+    Bad("bigger-than-cluster", body(gpus=160), 422, "gpus", "the cluster has 36"),
+    Bad(
+        "segment-larger-than-domain",
+        body(gpus=80, topology={"segment": 20}),
+        422,
+        "topology.segment",
+        "20 nodes is larger than any NVLink domain (largest: 18 nodes)",
+    ),
+    Bad("required-bigger-than-domain", body(gpus=80), 422, "gpus", "can't fit in one NVLink domain"),
+    Bad("unknown-level", body(topology={"level": "pod"}), 422, "topology.level", "unknown topology level 'pod'"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=lambda c: c.id)
+def test_validation_error(case: Bad) -> None:
+    result = validate_job(case.data, case.topo)
+    assert isinstance(result, ApiError), f"accepted: {result}"
+    assert (result.status, result.field) == (case.status, case.field)
+    assert case.phrase in result.error
+    if case.field is not None:
+        assert result.error.startswith(f"{case.field}: ")  # the message names the field too
+
+
+@pytest.mark.parametrize(
+    ("data", "topo"),
+    [
+        pytest.param(body(), NVL72x2, id="minimal"),
+        pytest.param(body(gpus=2), NVL72x2, id="small-on-one-node"),
+        pytest.param(body(gpus=64, topology={"segment": 4}), NVL72x2, id="segments"),
+        pytest.param(body(gpus=72, topology={"level": "rack"}), NVL72x2, id="level-alias-whole-domain"),
+        pytest.param(body(gpus=80, topology={"nvlink": "preferred"}), NVL72x2, id="preferred-may-spill"),
+        pytest.param(body(gpus=80, topology={"nvlink": "none"}, priority=-1000), NVL72x2, id="anywhere"),
+        pytest.param(body(gpus=80), None, id="no-nodes-skips-domain-size"),
+        pytest.param(body(gpus=6), None, id="no-nodes-skips-default-per-node"),
+    ],
+)
+def test_valid(data: bytes, topo: Topology | None) -> None:
+    result = validate_job(data, topo)
+    assert not isinstance(result, ApiError), result
+    job, spec = result
+    assert job == JOB_BODY_JSON.decode(data)
+    assert (spec.gpus, spec.tenant, spec.segment, spec.priority) == (
+        job.gpus,
+        job.tenant,
+        job.topology.segment,
+        job.priority,
+    )
+
+
+def test_job_spec_carries_the_body() -> None:
+    data = body(
+        gpus=16,
+        gpus_per_node=4,
+        priority=5,
+        exclusive=True,
+        checkpointable=True,
+        duration_s=30,
+        topology={"nvlink": "preferred", "segment": 2, "level": "domain"},
+    )
+    result = validate_job(data, NVL72x2, job_id="j1")
+    assert not isinstance(result, ApiError)
+    _, spec = result
+    assert spec.id == "j1" and spec.nvlink is Need.PREFERRED and spec.segment == 2 and spec.level == "domain"
+    assert (spec.priority, spec.exclusive, spec.checkpointable) == (5, True, True)
+    assert spec.expected_runtime_s == 30  # defaults to duration_s
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "message"),
+    [
+        (b'{"gpus": 0}', "gpus", "Expected `int` >= 1"),
+        (b'{"topology": {"segment": 0}}', "topology.segment", "Expected `int` >= 1"),
+        (b"{}", "name", "Object missing required field `name`"),
+        (b'{"name":"a","tenant":"b","gpus":1,"topology":{"x":1}}', "topology.x", "Object contains unknown field `x`"),
+        (b"[]", None, "Expected `object`, got `array`"),
+    ],
+)
+def test_error_field_from_msgspec_path(data: bytes, field: str | None, message: str) -> None:
+    with pytest.raises(msgspec.ValidationError) as info:
+        JOB_BODY_JSON.decode(data)
+    assert error_field(info.value) == (field, message)
+
+
+def _node(name: str, domain: str, clique: int = 0, leaf: str | None = None) -> NodeRecord:
+    return NodeRecord(name=name, domain=domain, clique=clique, leaf=leaf)
+
+
+def test_topology_from_nodes() -> None:
+    assert topology_from_nodes([]) is None
+    topo = topology_from_nodes([_node("a", "r1"), _node("b", "r1", 1), _node("c", "r2")], generation=7)
+    assert topo is not None and topo.levels == ("cluster", "domain", "clique") and topo.generation == 7
+    assert topo.group_names[topo.domain] == ("r1", "r2")
+    assert topo.group_names[topo.level("clique")] == ("r1.0", "r1.1", "r2.0")
+    leafy = topology_from_nodes([_node("a", "r1", leaf="s1"), _node("c", "r2", leaf="s2")])
+    assert leafy is not None and leafy.levels == ("cluster", "leaf", "domain", "clique")
+    mixed = topology_from_nodes([_node("a", "r1", leaf="s1"), _node("c", "r2")])
+    assert mixed is not None and "leaf" not in mixed.levels
+
+
+def test_idempotent_job_id_is_stable_per_tenant_and_key() -> None:
+    a = idempotent_job_id("a", "k1")
+    assert a == idempotent_job_id("a", "k1") and len(a) == 32 and int(a, 16) >= 0
+    assert a != idempotent_job_id("b", "k1") and a != idempotent_job_id("a", "k2")
+
+
+# -- OpenAPI ------------------------------------------------------------------------------------------------
+
+
+def _app_routes() -> set[tuple[str, str]]:
+    # Real, unconnected clients: building the app opens no connection.
+    names = Names(prefix="unit")
+    bus = Bus(nats.aio.client.Client(), names, "gateway")
+    deps = Deps(Settings(), names, bus, Store.from_url("redis://x", names), noop_tracer("gateway"))
+    app = build_app(deps)
+    found = set()
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource is not None else {}
+        path = info.get("path") or info.get("formatter")
+        found.add((route.method.lower(), str(path)))
+    return found
+
+
+def test_every_route_is_documented_and_every_documented_route_exists() -> None:
+    doc = openapi.document()
+    documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
+    assert _app_routes() == documented
+
+
+def test_openapi_is_a_valid_3_1_document() -> None:
+    import openapi_spec_validator as validator
+    doc = openapi.document()
+    assert doc["openapi"].startswith("3.1")
+    validator.validate(doc)
+
+
+def test_job_body_schema_is_msgspecs() -> None:
+    doc = openapi.document()
+    (ref,), components = msgspec.json.schema_components([JobBody], ref_template=openapi.REF)
+    assert doc["components"]["schemas"]["JobBody"] == components["JobBody"]
+    post = doc["paths"]["/v1/jobs"]["post"]
+    assert post["requestBody"]["content"]["application/json"]["schema"] == ref
