@@ -33,6 +33,7 @@ from shared.core.state import INF, Allocation, ClusterState
 from shared.core.statement import Statement
 
 HOLD_PREFIX = "resv:"
+_UNKNOWN = object()  # a forecast that runs into jobs without an expected end
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +171,7 @@ class _Cycle:
                     self._pending(job.id, PendingCode.NOT_TESTED, f"not yet tested: {tested} jobs ahead of it")
                 elif blocked_by is not None:
                     self._pending(job.id, PendingCode.BLOCKED, f"waits behind job {blocked_by} (backfill off)")
-                elif not self._decide(req, demand) and not self.cfg.backfill:
+                elif self._decide(req, demand) is False and not self.cfg.backfill:
                     blocked_by = job.id
         finally:
             self.stmt.commit()
@@ -179,8 +180,12 @@ class _Cycle:
                     self.state.release(HOLD_PREFIX + h.job_id)
         return self.result
 
-    def _decide(self, req: Request, demand: frozenset[int]) -> bool:
-        """Decide one job; True when it was allocated."""
+    def _decide(self, req: Request, demand: frozenset[int]) -> bool | None:
+        """Decide one job: True allocated, False waits for resources, None held back by a limit.
+
+        Only False blocks the jobs behind it when backfill is off: a job over its tenant's quota or one
+        that can never fit must not stall everyone else.
+        """
         job, cfg = req.job, self.cfg
         quota = cfg.tenant(job.tenant).quota_gpus
         used = self.held.get(job.tenant, 0)
@@ -190,7 +195,7 @@ class _Cycle:
                 PendingCode.QUOTA,
                 f"tenant {job.tenant} is at its quota: {used} of {quota} GPUs in use, this job needs {job.gpus}",
             )
-            return False
+            return None
         runtime = job.expected_runtime_s if job.expected_runtime_s is not None else cfg.default_runtime_s
         end = self.now + runtime
         ctx = Context(now=self.now, job_end=end, demand=demand)
@@ -211,7 +216,15 @@ class _Cycle:
             found = self._earliest_start(req, runtime, demand)
             if found is None:
                 self._pending(job.id, PendingCode.NEVER_FITS, f"{reason}; won't fit even when running jobs end")
+                return None
+            if found is _UNKNOWN:
+                self._pending(
+                    job.id,
+                    PendingCode.NO_FIT,
+                    f"{reason}; no start time can be forecast (jobs without an expected end)",
+                )
                 return False
+            assert isinstance(found, tuple)
             start, placement = found
             self._hold(job.id, start, start + runtime, placement)
             self.result.decisions.append(
@@ -240,6 +253,13 @@ class _Cycle:
         self.holds.append(hold)
         self._apply_hold(hold)
 
+    def _refresh_holds(self) -> None:
+        """Re-hold every layout: GPUs freed inside one (by preemption) must fall under the borrow rule."""
+        for h in self.holds:
+            if HOLD_PREFIX + h.job_id in self.state.allocs:
+                self.stmt.release(HOLD_PREFIX + h.job_id)
+            self._apply_hold(h)
+
     def _apply_hold(self, hold: _Hold) -> None:
         free = self.state.free
         pairs = [(n, m & free[n]) for n, m in zip(hold.nodes, hold.masks, strict=True) if m & free[n]]
@@ -247,7 +267,9 @@ class _Cycle:
             nodes, masks = zip(*pairs, strict=True)
             self.stmt.allocate(Allocation(HOLD_PREFIX + hold.job_id, nodes, masks, start=hold.start, hold=True))
 
-    def _earliest_start(self, req: Request, runtime: float, demand: frozenset[int]) -> tuple[float, Placement] | None:
+    def _earliest_start(
+        self, req: Request, runtime: float, demand: frozenset[int]
+    ) -> tuple[float, Placement] | object | None:
         """Replay the forecast (running jobs end, earlier reservations run and end) until the job fits.
 
         Nothing changes in the end: every step goes through the statement and is rolled back.
@@ -260,6 +282,10 @@ class _Cycle:
             for h in self.holds:
                 for node in h.nodes:
                     cover[node] = cover.get(node, 0) + 1
+            # their holds go too: the layouts come back whole (free and busy nodes alike) when they end
+            for h in self.holds:
+                if HOLD_PREFIX + h.job_id in state.allocs:
+                    stmt.release(HOLD_PREFIX + h.job_id)
             disabled = {n for n in cover if state.usable[n]}
             for node in sorted(disabled):
                 stmt.set_usable(node, False)
@@ -281,7 +307,7 @@ class _Cycle:
             while i < len(events):
                 t = events[i][0]
                 if t == INF:
-                    break  # jobs with no expected end never free their nodes in a forecast
+                    return _UNKNOWN  # jobs with no expected end never free their nodes in a forecast
                 touched: set[int] = set()
                 while i < len(events) and events[i][0] == t:
                     _, kind, ref = events[i]
@@ -354,6 +380,7 @@ class _Cycle:
                     self.result.decisions.append(Preempt(v.job_id, job.id, v.checkpointable))
                 self._allocate(req, placement, end, backfilled=False)
                 self.failed_shapes.clear()  # victims may have freed more than this job took
+                self._refresh_holds()
                 return True
         self.stmt.rollback(cp)
         self.failed_preempt[req.shape_key] = max(job.priority, self.failed_preempt.get(req.shape_key, job.priority))
