@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from shared.names import Names
 from shared.runtime import Deps, Service, run, setup_logging
 from shared.settings import Settings, SettingsError
 
@@ -20,7 +19,7 @@ def main_for(service_cls: type[Service]) -> None:
     setup_logging(settings.log_level)
 
     async def go() -> None:
-        names = Names(cell=settings.cell)
+        names = settings.names()
         deps = await Deps.connect(settings, service_cls.name, settings.nats_url, settings.redis_url, names)
         await run(service_cls(deps))
 

@@ -56,8 +56,12 @@ class Bus:
         return cls(nc, names, service)
 
     async def close(self) -> None:
+        # consumers have stopped by now: flush what was published, then close (drain would wait on
+        # the idle pull subscriptions)
         with contextlib.suppress(Exception):
-            await self.nc.drain()
+            await self.nc.flush(timeout=2)
+        with contextlib.suppress(Exception):
+            await self.nc.close()
 
     # -- streams ---------------------------------------------------------------------------------------
     async def ensure_streams(self, replicas: int = 1) -> None:
@@ -130,7 +134,7 @@ class Bus:
         while not stop.is_set():
             try:
                 msgs = await sub.fetch(batch, timeout=0.25)
-            except nats.errors.TimeoutError:
+            except (nats.errors.TimeoutError, TimeoutError):
                 continue
             except Exception:
                 if stop.is_set():

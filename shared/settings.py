@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Self
 from urllib.parse import urlsplit
 
 from shared.core.policies import POLICIES
+from shared.names import Names
 
 __all__ = ["Setting", "Settings", "SettingsError"]
 
@@ -124,6 +125,9 @@ class Settings:
         "RACKSCALE_REDIS_URL", _url("redis", "rediss", "unix"), None, "Redis/Valkey; unset: embedded valkey-server"
     )
     cell: str = _env("RACKSCALE_CELL", _cell, "c0", "scheduling cell, used as the Redis hash tag {cell}", kind="name")
+    prefix: str = _env(
+        "RACKSCALE_PREFIX", _cell, "rackscale", "prefix of every subject, stream and Redis key", kind="name"
+    )
     policy: str = _env("RACKSCALE_POLICY", _choice(*POLICIES), "rackscale", "placement policy (shared.core.policies)")
     heartbeat_s: float = _env("RACKSCALE_HEARTBEAT_S", _number, 1.0, "agent heartbeat period (s)", kind="number > 0")
     missed_heartbeats: int = _env(
@@ -167,6 +171,9 @@ class Settings:
             # All at once, so a misconfigured deployment is fixed in one round trip.
             raise SettingsError("; ".join(errors))
         return cls(**values)
+
+    def names(self) -> Names:
+        return Names(prefix=self.prefix, cell=self.cell)
 
     @classmethod
     def describe(cls) -> list[Setting]:

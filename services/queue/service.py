@@ -335,14 +335,19 @@ class QueueService(Service):
             return True
         return False
 
-    async def _topology(self) -> tuple[Any, Any]:
+    async def _topology(self) -> tuple[Any, Any] | None:
+        """The core's topology and health from inventory's records; None until a node registers."""
         gen = await self.store.topology_generation()
         if self._topo_cache is None or self._topo_cache[0] != gen:
-            self._topo_cache = (gen, topology_from_records(await self.store.nodes()))
+            records = await self.store.nodes()
+            self._topo_cache = (gen, topology_from_records(records) if records else None)
         return self._topo_cache[1]
 
     async def _domains(self, nodes: list[str]) -> list[str]:
-        topo, _ = await self._topology()
+        known = await self._topology()
+        if known is None:
+            return []
+        topo = known[0]
         seen: dict[str, None] = {}
         for name in nodes:
             idx = topo.node_index.get(name)
@@ -353,7 +358,10 @@ class QueueService(Service):
     async def run_cycle(self) -> None:
         now = self.now()
         self.cycles += 1
-        topo, health = await self._topology()
+        known = await self._topology()
+        if known is None:
+            return  # no GPU node has registered yet: jobs keep waiting with their intake reason
+        topo, health = known
         state = ClusterState(topo, health)
         jobs = {r.id: r for r in await self.store.active_jobs()}
         held: set[str] = set()

@@ -1,0 +1,167 @@
+"""The whole system in one process: servers (embedded unless URLs are given), every service, a simulated
+fleet of GPU agents. Behind `rackscale up`, the end-to-end tests and `bench/e2e_bench.py`.
+
+Each service gets its own connections (`Deps`), exactly as separate processes would; they share only
+the event loop. `start_process`/`kill_process` run one service as a real child process instead, for the
+crash tests (SIGKILL is only honest against a real process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.agent.fleet import AgentFleet, sim_fleet
+from services.gateway.service import GatewayService
+from services.inventory.service import InventoryService
+from services.placement.service import PlacementService
+from services.queue.service import QueueService
+from shared.embedded import EmbeddedNats, EmbeddedValkey
+from shared.runtime import Deps, Service
+from shared.settings import Settings
+from shared.tracing import Tracer
+
+SERVICES: dict[str, type[Service]] = {
+    "inventory": InventoryService,
+    "placement": PlacementService,
+    "queue": QueueService,
+    "gateway": GatewayService,
+}
+
+
+@dataclass
+class StackOptions:
+    domains: int = 4
+    nodes_per_domain: int = 18
+    gpus_per_node: int = 4
+    settings: Settings = field(default_factory=Settings)
+    in_process: tuple[str, ...] = ("inventory", "placement", "queue", "gateway")  # others: child processes
+    agents: bool = True
+    tracer_factory: Callable[[str], Tracer] | None = None  # tests: in-memory exporters
+    log_dir: Path | None = None
+
+
+class Stack:
+    def __init__(self, opts: StackOptions) -> None:
+        self.opts = opts
+        self.settings = opts.settings
+        self.nats: EmbeddedNats | None = None
+        self.redis: EmbeddedValkey | None = None
+        self.services: dict[str, Service] = {}
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.fleet: AgentFleet | None = None
+
+    @property
+    def nats_url(self) -> str:
+        assert self.settings.nats_url
+        return self.settings.nats_url
+
+    @property
+    def redis_url(self) -> str:
+        assert self.settings.redis_url
+        return self.settings.redis_url
+
+    @property
+    def gateway_url(self) -> str:
+        gw = self.services.get("gateway")
+        port = gw.port if isinstance(gw, GatewayService) else self.settings.gateway_port
+        return f"http://{self.settings.gateway_host}:{port}"
+
+    async def start(self) -> Stack:
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        if not s.nats_url:
+            self.nats = await loop.run_in_executor(None, lambda: EmbeddedNats().start())
+            s = dataclasses.replace(s, nats_url=self.nats.url)
+        if not s.redis_url:
+            self.redis = await loop.run_in_executor(None, lambda: EmbeddedValkey().start())
+            s = dataclasses.replace(s, redis_url=self.redis.url)
+        self.settings = s
+        for name in ("inventory", "placement", "queue", "gateway"):
+            if name in self.opts.in_process:
+                await self.start_service(name)
+            else:
+                self.start_process(name)
+        if self.opts.agents:
+            deps = await self._deps("agent")
+            backends = sim_fleet(self.opts.domains, self.opts.nodes_per_domain, self.opts.gpus_per_node)
+            self.fleet = AgentFleet(deps, backends, log_dir=self.opts.log_dir)
+            await self.fleet.start()
+            await self.fleet.ready.wait()
+        return self
+
+    async def _deps(self, name: str) -> Deps:
+        tracer = self.opts.tracer_factory(name) if self.opts.tracer_factory else None
+        s = self.settings
+        return await Deps.connect(s, name, self.nats_url, self.redis_url, s.names(), tracer=tracer)
+
+    async def start_service(self, name: str) -> Service:
+        service = SERVICES[name](await self._deps(name))
+        await service.start()
+        self.services[name] = service
+        return service
+
+    async def stop_service(self, name: str) -> None:
+        service = self.services.pop(name)
+        await service.stop()
+        await service.deps.close()
+
+    # -- child processes (crash tests) -------------------------------------------------------------------
+    def _env(self) -> dict[str, str]:
+        s = self.settings
+        env = dict(os.environ)
+        for row in Settings.describe():
+            value = getattr(s, row.field)
+            if value is not None:
+                env[row.env] = str(value)
+        return env
+
+    def start_process(self, name: str) -> subprocess.Popen[bytes]:
+        out = (self.opts.log_dir / f"{name}.log").open("ab") if self.opts.log_dir else subprocess.DEVNULL
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}"], env=self._env(), stdout=out, stderr=subprocess.STDOUT
+        )
+        self.processes[name] = proc
+        return proc
+
+    def kill_process(self, name: str) -> None:
+        proc = self.processes.pop(name)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    # -- teardown ----------------------------------------------------------------------------------------
+    async def stop(self) -> None:
+        if self.fleet is not None:
+            await self.fleet.stop()
+            await self.fleet.deps.close()
+            self.fleet = None
+        for name in ("gateway", "queue", "placement", "inventory"):
+            if name in self.services:
+                await self.stop_service(name)
+        for proc in self.processes.values():
+            proc.terminate()
+        for proc in self.processes.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.processes.clear()
+        loop = asyncio.get_running_loop()
+        for server in (self.nats, self.redis):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    await loop.run_in_executor(None, server.stop)
+
+    async def __aenter__(self) -> Stack:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
