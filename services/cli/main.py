@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.domains < 1:
             raise SystemExit("--domains must be at least 1")
         return run_demo(
-            DemoOptions(domains=args.domains, policy=args.policy, seed=args.seed, interval_s=args.interval,
-                        ticks=args.ticks)
+            DemoOptions(
+                domains=args.domains, policy=args.policy, seed=args.seed, interval_s=args.interval, ticks=args.ticks
+            )
         )
     return 2

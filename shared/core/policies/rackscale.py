@@ -19,6 +19,7 @@ fragments before touching whole domains. Degraded GPUs are taken last inside a n
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 
@@ -138,14 +139,19 @@ class RackscalePolicy(Policy):
             return None
 
         def greedy() -> dict[int, int]:
-            left = dict(caps)
+            # one piece at a time, like Slurm, by our score; the score depends only on a group's free
+            # count, so groups are bucketed by it and each step compares buckets, not groups
+            buckets: dict[int, list[int]] = {}
+            for g in sorted(caps):
+                buckets.setdefault(caps[g], []).append(g)
             plan: dict[int, int] = {}
             for _ in range(count):
-                g = min(
-                    (g for g, c in left.items() if c >= size),
-                    key=lambda g: (self._cost(tables, left[g], left[g] - size), g),
+                c = min(
+                    (c for c, gs in buckets.items() if c >= size and gs),
+                    key=lambda c: (self._cost(tables, c, c - size), buckets[c][0]),
                 )
-                left[g] -= size
+                g = buckets[c].pop(0)
+                bisect.insort(buckets.setdefault(c - size, []), g)
                 plan[g] = plan.get(g, 0) + 1
             return plan
 
