@@ -18,6 +18,7 @@ from typing import TypeVar
 import msgspec
 
 from shared.core import JobSpec, Need, NodeSpec, ShapeError, Topology, TopologyError, request
+from shared.jobs import job_spec
 from shared.schemas import JOB_BODY_JSON, JobBody, NodeRecord
 
 T = TypeVar("T")
@@ -79,22 +80,6 @@ def _is_object(data: bytes) -> bool:
         return isinstance(msgspec.json.decode(data), dict)
     except msgspec.DecodeError:
         return False
-
-
-def job_spec(body: JobBody, job_id: str) -> JobSpec:
-    return JobSpec(
-        id=job_id,
-        gpus=body.gpus,
-        gpus_per_node=body.gpus_per_node,
-        nvlink=Need(body.topology.nvlink),
-        level=body.topology.level,
-        segment=body.topology.segment,
-        exclusive=body.exclusive,
-        priority=body.priority,
-        tenant=body.tenant,
-        checkpointable=body.checkpointable,
-        expected_runtime_s=body.expected_runtime_s if body.expected_runtime_s is not None else body.duration_s,
-    )
 
 
 def static_checks(spec: JobSpec) -> None:

@@ -29,6 +29,7 @@ from services.inventory.topology import topology_from_records
 from shared.core import Allocate, ClusterState, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
 from shared.core.state import Allocation as CoreAllocation
 from shared.core.state import indices_mask
+from shared.jobs import job_spec as spec_of
 from shared.runtime import Deps, Service
 from shared.schemas import (
     EVENTS,
@@ -58,21 +59,7 @@ LEASE_S = 5.0
 
 def job_spec(rec: JobRecord) -> JobSpec:
     """The core's view of a job record."""
-    s = rec.spec
-    return JobSpec(
-        id=rec.id,
-        gpus=s.gpus,
-        gpus_per_node=s.gpus_per_node,
-        nvlink=s.topology.nvlink,  # type: ignore[arg-type]
-        level=s.topology.level,
-        segment=s.topology.segment,
-        exclusive=s.exclusive,
-        priority=s.priority,
-        tenant=s.tenant,
-        checkpointable=s.checkpointable,
-        expected_runtime_s=s.expected_runtime_s if s.expected_runtime_s is not None else s.duration_s,
-        submit_time=rec.submitted_at,
-    )
+    return spec_of(rec.spec, rec.id, rec.submitted_at)
 
 
 class QueueService(Service):
