@@ -1,0 +1,84 @@
+"""python -m services.agent --backend sim|nvml [--node NAME --domain D --clique N --gpus N --seed S]
+
+An agent talks only to NATS; it needs RACKSCALE_NATS_URL (and no Redis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from services.agent.backends import GpuBackend, NvmlUnavailableError, make_backend
+from services.agent.service import AgentService
+from shared.bus import Bus
+from shared.names import Names
+from shared.runtime import Deps, run, setup_logging
+from shared.settings import Settings, SettingsError
+from shared.store import Store
+from shared.tracing import Tracer, make_provider
+
+# Deps carries a Store, but an agent never touches Redis: this client is never connected.
+_UNUSED_REDIS = "redis://127.0.0.1:6379/0"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m services.agent", description="Rackscale GPU node agent")
+    p.add_argument("--backend", choices=("sim", "nvml"), default="sim", help="where GPU facts come from")
+    p.add_argument("--node", default=None, help="node name (default: the short hostname)")
+    p.add_argument("--domain", default=None, help="sim: NVLink domain / cluster UUID (default: the node alone)")
+    p.add_argument("--clique", type=int, default=0, help="sim: clique id inside the domain")
+    p.add_argument("--gpus", type=int, default=4, help="sim: number of GPUs")
+    p.add_argument("--seed", type=int, default=0, help="sim: seed for GPU UUIDs and faults")
+    p.add_argument("--leaf", default=None, help="leaf switch name, if the fleet reports leaves")
+    p.add_argument("--register-every", type=int, default=10, help="re-register every N heartbeats")
+    p.add_argument("--stop-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--log-dir", type=Path, default=None, help="write each rank's output to a file here")
+    return p
+
+
+async def _serve(settings: Settings, nats_url: str, backend: GpuBackend, args: argparse.Namespace) -> None:
+    names = Names(cell=settings.cell)
+    bus = await Bus.connect(nats_url, names, AgentService.name)
+    await bus.ensure_streams()
+    tracer = Tracer(
+        make_provider(AgentService.name, settings.trace_exporter, settings.otlp_endpoint), AgentService.name
+    )
+    store = Store.from_url(settings.redis_url or _UNUSED_REDIS, names)
+    deps = Deps(settings=settings, names=names, bus=bus, store=store, tracer=tracer)
+    agent = AgentService(
+        deps, backend, register_every=args.register_every, stop_grace_s=args.stop_grace, log_dir=args.log_dir
+    )
+    await run(agent)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except SettingsError as e:
+        sys.exit(f"agent: {e}")
+    if not settings.nats_url:
+        sys.exit("agent: set RACKSCALE_NATS_URL (or use `rackscale up` for a simulated fleet)")
+    if args.gpus < 1 or args.clique < 0 or args.register_every < 1 or args.stop_grace < 0:
+        sys.exit("agent: --gpus and --register-every must be >= 1, --clique and --stop-grace >= 0")
+    setup_logging(settings.log_level)
+    try:
+        backend = make_backend(
+            args.backend,
+            node=args.node,
+            domain=args.domain,
+            clique=args.clique,
+            gpus=args.gpus,
+            seed=args.seed,
+            leaf=args.leaf,
+        )
+    except NvmlUnavailableError as e:
+        sys.exit(f"agent: {e}")
+    asyncio.run(_serve(settings, settings.nats_url, backend, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""agent: one per node. Reports the node and runs the ranks it is told to run; never decides anything.
+
+- At start and every `register_every` heartbeats it publishes its `AgentRegister` (so a restarted
+  inventory, or a wiped Redis, learns the node again); in between a `Heartbeat` every `heartbeat_s`, with
+  the job ids running here and the GPUs' health. Both are core NATS: a lost one is replaced by the next.
+- Commands come from JetStream, `names.agent_cmd(node)`, through the durable consumer
+  `names.consumer("agent", node)` (so none is lost while the agent restarts). `StartRank` launches the
+  rank (`runner.launch`) and a watcher publishes `RankStarted` then, at its end, `RankExited` on
+  `names.agent_events` with msg ids `{job}:{attempt}:{rank}:start|exit`. `StopRank` stops every rank of
+  the job here (SIGTERM to the process group, SIGKILL after `stop_grace_s`); the exit is reported as
+  usual, with the stop's reason.
+- Idempotent: a StartRank for a job attempt this agent already runs is ignored; one that already
+  finished is answered by publishing its exit again (the msg id makes that a no-op in the stream).
+- On shutdown the agent stops its ranks and reports their exits ("agent stopped").
+
+Several agents can share one `Deps` (one NATS connection, e.g. a simulated fleet in one process): an
+agent never closes the bus, and `handle()` is public so one consumer can dispatch to many agents
+(`services.agent.fleet.AgentFleet`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections import OrderedDict
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from services.agent.backends import GpuBackend
+from services.agent.runner import LaunchError, Rank, launch
+from shared.runtime import Deps, Service
+from shared.schemas import (
+    AGENT_COMMANDS,
+    AgentCommand,
+    Heartbeat,
+    RankExited,
+    RankStarted,
+    StartRank,
+    StopRank,
+)
+
+log = logging.getLogger("rackscale.agent")
+
+RunKey = tuple[str, int]  # (job id, attempt)
+
+
+@dataclass(slots=True)
+class RankRun:
+    """One StartRank this agent accepted, from launch to its reported exit."""
+
+    cmd: StartRank
+    rank: Rank | None = None
+    exit_code: int | None = None
+    reason: str = ""
+    stop_reason: str | None = None
+    started_at: float = 0.0
+    trace: dict[str, str] = field(default_factory=dict)  # headers carrying the StartRank's trace context
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def running(self) -> bool:
+        return self.exit_code is None
+
+
+def exit_reason(code: int, stop_reason: str | None) -> str:
+    """Words for an exit: how it ended, and why when it was stopped."""
+    if code < 0:
+        try:
+            how = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"killed by signal {-code}"
+    else:
+        how = "exited 0" if code == 0 else f"exited with code {code}"
+    return f"stopped ({stop_reason}): {how}" if stop_reason else how
+
+
+class AgentService(Service):
+    name = "agent"
+
+    def __init__(
+        self,
+        deps: Deps,
+        backend: GpuBackend,
+        *,
+        register_every: int = 10,
+        stop_grace_s: float = 10.0,
+        log_dir: Path | None = None,
+        consume: bool = True,
+        keep_finished: int = 4096,
+    ) -> None:
+        """`consume=False` leaves command intake to the caller (a fleet dispatching to `handle`)."""
+        super().__init__(deps)
+        if register_every < 1:
+            raise ValueError(f"register_every must be >= 1, got {register_every}")
+        self.backend = backend
+        self.node = backend.node
+        self.register_every = register_every
+        self.stop_grace_s = stop_grace_s
+        self.log_dir = log_dir
+        self.consume = consume
+        self.keep_finished = keep_finished
+        self.ready = asyncio.Event()  # set once the command consumer is bound (or at start without one)
+        self.runs: OrderedDict[RunKey, RankRun] = OrderedDict()
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._stoppers: set[asyncio.Task[None]] = set()
+        self.beats = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.report()  # register before anything else
+        self.spawn(self._heartbeats(), "heartbeats")
+        if self.consume:
+            self.spawn(
+                self.bus.consume(
+                    self.names.agent_cmd(self.node),
+                    self.names.consumer(self.name, self.node),
+                    AGENT_COMMANDS,
+                    self.handle,
+                    self.stop_event,
+                    ready=self.ready,
+                ),
+                "commands",
+            )
+        else:
+            self.ready.set()
+
+    async def on_stop(self) -> None:
+        for run in self.runs.values():
+            if run.running and run.stop_reason is None:
+                run.stop_reason = "agent stopped"
+        await asyncio.gather(*(self._stop_run(r) for r in list(self.runs.values()) if r.running))
+        pending = self._watchers | self._stoppers
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=self.stop_grace_s + 5.0)
+            for t in late:
+                t.cancel()
+
+    # -- reports -----------------------------------------------------------------------------------------
+    def running_jobs(self) -> list[str]:
+        return sorted({k[0] for k, r in self.runs.items() if r.running})
+
+    async def report(self) -> None:
+        """Registration on every `register_every`-th beat (the first included), else a heartbeat."""
+        try:
+            if self.beats % self.register_every == 0:
+                reg = msgspec.structs.replace(self.backend.describe(), at=self.now())
+                await self.bus.publish_core(self.names.agent_register, reg)
+            else:
+                hb = Heartbeat(node=self.node, at=self.now(), running=self.running_jobs(), gpus=self.backend.health())
+                await self.bus.publish_core(self.names.agent_heartbeat, hb)
+        except Exception:
+            log.exception("%s: heartbeat not sent; the next one will be", self.node)
+        self.beats += 1
+
+    async def _heartbeats(self) -> None:
+        period = self.deps.settings.heartbeat_s
+        while not self.stop_event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), timeout=period)
+            if not self.stop_event.is_set():
+                await self.report()
+
+    # -- commands ----------------------------------------------------------------------------------------
+    async def handle(self, cmd: AgentCommand, headers: Mapping[str, str]) -> None:
+        if cmd.node != self.node:
+            log.warning("%s: ignoring a command for node %s: %s", self.node, cmd.node, cmd)
+            return
+        attrs = {"rackscale.job_id": cmd.job_id, "rackscale.node": self.node}
+        if isinstance(cmd, StartRank):
+            with self.tracer.span("agent.start_rank", headers, attrs | {"rackscale.rank": cmd.rank}):
+                await self.start_rank(cmd, self.tracer.headers())
+        else:
+            with self.tracer.span("agent.stop_rank", headers, attrs):
+                self.stop_rank(cmd)
+
+    async def start_rank(self, cmd: StartRank, trace: Mapping[str, str] | None = None) -> RankRun:
+        """Launch the rank unless this attempt is already known here; `trace` rides on its events."""
+        key = (cmd.job_id, cmd.attempt)
+        run = self.runs.get(key)
+        if run is not None:
+            if run.running:
+                log.info("%s: %s:%d already running: StartRank ignored", self.node, *key)
+            else:
+                log.info("%s: %s:%d already ended: exit reported again", self.node, *key)
+                self._watch(self._publish_exit(run))
+            return run
+        run = RankRun(cmd=cmd, started_at=self.now(), trace=dict(trace or {}))
+        self.runs[key] = run
+        self._forget_old()
+        log_path = self.log_dir / f"{cmd.job_id}.{cmd.attempt}.{cmd.rank}.log" if self.log_dir else None
+        try:
+            run.rank = await launch(cmd, simulated=self.backend.simulated, log_path=log_path)
+        except LaunchError as e:
+            log.warning("%s: %s:%d could not start: %s", self.node, *key, e)
+            self._finish(run, e.code, str(e))
+            self._watch(self._publish_exit(run))
+            return run
+        log.info("%s: started %s:%d rank %d pid %d", self.node, *key, cmd.rank, run.rank.pid)
+        self._watch(self._supervise(run))
+        return run
+
+    def stop_rank(self, cmd: StopRank) -> list[RankRun]:
+        """Stop every running rank of the job here, in the background (the consumer keeps going)."""
+        runs = [r for (job, _), r in self.runs.items() if job == cmd.job_id and r.running]
+        for run in runs:
+            if run.stop_reason is None:
+                run.stop_reason = cmd.reason + (" (checkpoint)" if cmd.checkpoint else "")
+            task = asyncio.create_task(self._stop_run(run), name=f"agent:{self.node}:stop:{cmd.job_id}")
+            self._stoppers.add(task)
+            task.add_done_callback(self._stoppers.discard)
+        if not runs:
+            log.info("%s: StopRank for %s: nothing of it runs here", self.node, cmd.job_id)
+        return runs
+
+    async def _stop_run(self, run: RankRun) -> None:
+        if run.rank is not None and run.running:
+            try:
+                await run.rank.stop(self.stop_grace_s)
+            except Exception:
+                log.exception("%s: stopping %s failed", self.node, run.cmd.job_id)
+
+    # -- supervision -------------------------------------------------------------------------------------
+    def _watch(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro, name=f"agent:{self.node}:watch")
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+
+    async def _supervise(self, run: RankRun) -> None:
+        cmd = run.cmd
+        assert run.rank is not None
+        started = RankStarted(
+            job_id=cmd.job_id, attempt=cmd.attempt, node=self.node, rank=cmd.rank, pid=run.rank.pid, at=run.started_at
+        )
+        await self._publish(started, f"{cmd.job_id}:{cmd.attempt}:{cmd.rank}:start", run.trace)
+        code = await run.rank.wait()
+        self._finish(run, code, exit_reason(code, run.stop_reason))
+        log.info("%s: %s:%d rank %d %s", self.node, cmd.job_id, cmd.attempt, cmd.rank, run.reason)
+        await self._publish_exit(run)
+
+    def _finish(self, run: RankRun, code: int, reason: str) -> None:
+        run.exit_code, run.reason = code, reason
+        run.ended.set()
+
+    async def _publish_exit(self, run: RankRun) -> None:
+        cmd = run.cmd
+        assert run.exit_code is not None
+        exited = RankExited(
+            job_id=cmd.job_id,
+            attempt=cmd.attempt,
+            node=self.node,
+            rank=cmd.rank,
+            exit_code=run.exit_code,
+            at=self.now(),
+            reason=run.reason,
+        )
+        await self._publish(exited, f"{cmd.job_id}:{cmd.attempt}:{cmd.rank}:exit", run.trace)
+
+    async def _publish(self, event: RankStarted | RankExited, msg_id: str, headers: Mapping[str, str]) -> None:
+        """Publish until JetStream has it; after shutdown began, give up after a few tries."""
+        delay, tries = 0.1, 0
+        while True:
+            try:
+                await self.bus.publish(self.names.agent_events, event, msg_id=msg_id, headers=headers)
+                return
+            except Exception as e:
+                tries += 1
+                if self.stop_event.is_set() and tries >= 3:
+                    log.error("%s: %s lost at shutdown: %s", self.node, msg_id, e)
+                    return
+                log.warning("%s: publishing %s failed (%s); retrying", self.node, msg_id, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _forget_old(self) -> None:
+        finished = [k for k, r in self.runs.items() if not r.running]
+        for key in finished[: max(0, len(finished) - self.keep_finished)]:
+            del self.runs[key]

@@ -1,0 +1,1 @@
+"""inventory: registrations, heartbeats and drains in; node records and NodeChanged events out."""

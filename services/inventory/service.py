@@ -1,0 +1,304 @@
+"""inventory: the truth about nodes. Agents' registrations and heartbeats in, node records and events out.
+
+- `names.agent_register` / `names.agent_heartbeat` (core NATS, queue group "inventory"): an
+  `AgentRegister` creates or refreshes the node's `NodeRecord` (domain = the fabric cluster UUID, or the
+  node's own name without a fabric; GPU count; GPU health); a `Heartbeat` refreshes `last_heartbeat` and
+  the GPU health, and brings a down node back (up, or draining if an operator drained it).
+- A timer (`check_once(now)`, every `heartbeat_s`) marks a node down when it sent nothing for
+  `missed_heartbeats * heartbeat_s` seconds. Time comes from the injected clock, so tests drive it.
+- `names.node_admin` (request/reply, `NodeAdmin` → `AdminReply`): drain / undrain. An unknown node gets
+  ok=False and error "unknown node X". A drain survives the node going down and coming back.
+
+Every change of a node's state, topology or GPU health is written with `store.put_node` (which bumps
+`topo:gen`) and announced as a `NodeChanged` on `names.node_events` (JetStream). A heartbeat that changes
+nothing only rewrites the record's `last_heartbeat` and leaves `topo:gen` alone, so readers that cache the
+topology by generation aren't invalidated every second.
+
+A report that decodes but can't be a node (empty or unusable name, GPU indices not 0..n-1) is
+dead-lettered like an undecodable one. Handlers for one node are serialised by a per-node lock; across
+replicas the last write wins, and a lost update heals at the next heartbeat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from typing import Any, Literal
+
+import msgspec
+from nats.aio.msg import Msg
+
+from shared.core.topology_io.agents import NO_FABRIC_UUIDS
+from shared.runtime import Deps, Service
+from shared.schemas import (
+    AGENT_REPORTS,
+    NODE_ADMIN,
+    AdminReply,
+    AgentRegister,
+    AgentReport,
+    GpuReport,
+    Heartbeat,
+    NodeAdmin,
+    NodeChanged,
+    NodeRecord,
+    encode,
+)
+
+log = logging.getLogger("rackscale.inventory")
+
+NodeStateName = Literal["up", "draining", "down"]
+QUEUE_GROUP = "inventory"
+# A node name becomes part of NATS subjects (agent.cmd.<node>) and Redis keys: no dots, wildcards or spaces.
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_PUBLISH_ATTEMPTS = 3
+
+
+class ReportError(ValueError):
+    """A decodable report that can't describe a node; it is dead-lettered with this message."""
+
+
+def gpu_health_map(gpus: list[GpuReport], count: int) -> dict[str, str]:
+    """NodeRecord.gpu_health from GPU reports: index → "degraded" | "down"; ok GPUs are left out."""
+    ordered = sorted(gpus, key=lambda g: g.index)
+    return {str(g.index): g.health for g in ordered if g.health != "ok" and 0 <= g.index < count}
+
+
+def record_from_register(reg: AgentRegister, prev: NodeRecord | None, now: float) -> NodeRecord:
+    """The record a registration makes; an operator's drain (and its reason) carries over from `prev`."""
+    check_register(reg)
+    drained = prev.drained if prev is not None else False
+    return NodeRecord(
+        name=reg.node,
+        domain=reg.node if reg.cluster_uuid in NO_FABRIC_UUIDS else reg.cluster_uuid,
+        clique=reg.clique_id,
+        gpus=len(reg.gpus),
+        gpu_health=gpu_health_map(reg.gpus, len(reg.gpus)),
+        state="draining" if drained else "up",
+        drained=drained,
+        reason=prev.reason if prev is not None and drained else "",
+        last_heartbeat=now,
+        backend=reg.backend,
+        leaf=reg.leaf,
+    )
+
+
+def check_node_name(node: str) -> None:
+    if not NODE_NAME.fullmatch(node):
+        raise ReportError(
+            f"node: {node!r} is not a node name (1-128 of A-Z a-z 0-9 _ -, starting with a letter or digit)"
+        )
+
+
+def check_register(reg: AgentRegister) -> None:
+    check_node_name(reg.node)
+    indices = sorted(g.index for g in reg.gpus)
+    if not indices or indices != list(range(len(indices))):
+        raise ReportError(f"gpus: node {reg.node!r} reports GPU indices {indices}; they must be 0..n-1, each once")
+    if reg.clique_id < 0:
+        raise ReportError(f"clique_id: node {reg.node!r} reports {reg.clique_id}; it must be >= 0")
+    if reg.leaf is not None and not reg.leaf:
+        raise ReportError(f"leaf: node {reg.node!r} reports an empty leaf name (use null for none)")
+
+
+def _topology_fields(rec: NodeRecord) -> tuple[Any, ...]:
+    return (rec.domain, rec.clique, rec.gpus, rec.leaf, rec.backend)
+
+
+class InventoryService(Service):
+    name = "inventory"
+
+    def __init__(self, deps: Deps, *, check_interval_s: float | None = None) -> None:
+        super().__init__(deps)
+        self.check_interval_s = check_interval_s or deps.settings.heartbeat_s
+        self.started_at = 0.0
+        self.unknown_heartbeats = 0  # heartbeats from nodes that never registered (count, for tests/metrics)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._subs: list[Any] = []
+
+    @property
+    def down_after_s(self) -> float:
+        s = self.deps.settings
+        return s.missed_heartbeats * s.heartbeat_s
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.started_at = self.now()
+        for subject in (self.names.agent_register, self.names.agent_heartbeat):
+            self._subs.append(await self.bus.subscribe(subject, AGENT_REPORTS, self._on_report, queue=QUEUE_GROUP))
+        admin = await self.bus.subscribe(self.names.node_admin, NODE_ADMIN, self._on_admin, queue=QUEUE_GROUP)
+        self._subs.append(admin)
+        await self.bus.nc.flush()  # the server has the subscriptions before start() returns
+        self.spawn(self._timer(), "heartbeat-timer")
+
+    async def on_stop(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+
+    async def _timer(self) -> None:
+        while not self.stop_event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), timeout=self.check_interval_s)
+            if self.stop_event.is_set():
+                break
+            try:
+                await self.check_once()
+            except Exception:
+                log.exception("heartbeat check failed; trying again next period")
+
+    def _lock(self, node: str) -> asyncio.Lock:
+        return self._locks.setdefault(node, asyncio.Lock())
+
+    # -- agent reports -----------------------------------------------------------------------------------
+    async def _on_report(self, report: AgentReport, msg: Msg) -> None:
+        try:
+            if isinstance(report, AgentRegister):
+                await self.register(report)
+            else:
+                await self.heartbeat(report)
+        except ReportError as e:
+            await self.bus.dead_letter(msg.subject, msg.data, str(e))
+
+    async def register(self, reg: AgentRegister) -> NodeRecord:
+        """Create or refresh the node's record from its registration; raises ReportError for a bad one."""
+        check_register(reg)
+        async with self._lock(reg.node):
+            prev = await self.store.get_node(reg.node)
+            rec = record_from_register(reg, prev, self.now())
+            if prev is None:
+                await self._save(rec, changed=True)
+                log.info("node %s registered: domain %s, %d GPUs", rec.name, rec.domain, rec.gpus)
+                await self._announce(rec, "registered")
+                return rec
+            reasons = []
+            if prev.state != rec.state:
+                reasons.append(f"registered again after {prev.state}")
+            if _topology_fields(prev) != _topology_fields(rec):
+                reasons.append("registered with a new description")
+            if prev.gpu_health != rec.gpu_health:
+                reasons.append(_health_reason(rec))
+            await self._save(rec, changed=bool(reasons))
+            if reasons:
+                await self._announce(rec, "; ".join(reasons))
+            return rec
+
+    async def heartbeat(self, hb: Heartbeat) -> NodeRecord | None:
+        """Refresh a registered node; None (and nothing written) for a node that never registered."""
+        check_node_name(hb.node)
+        async with self._lock(hb.node):
+            prev = await self.store.get_node(hb.node)
+            if prev is None:
+                self.unknown_heartbeats += 1
+                log.debug("heartbeat from unregistered node %s: waiting for its registration", hb.node)
+                return None
+            rec = msgspec.structs.replace(prev, last_heartbeat=self.now())
+            reasons = []
+            if hb.gpus:
+                rec.gpu_health = gpu_health_map(hb.gpus, rec.gpus)
+                if rec.gpu_health != prev.gpu_health:
+                    reasons.append(_health_reason(rec))
+            if prev.state == "down":
+                rec.state = "draining" if prev.drained else "up"
+                rec.reason = prev.reason if prev.drained else ""
+                reasons.insert(0, "heartbeat resumed")
+            await self._save(rec, changed=bool(reasons))
+            if reasons:
+                await self._announce(rec, "; ".join(reasons))
+            return rec
+
+    # -- missed heartbeats -------------------------------------------------------------------------------
+    async def check_once(self, now: float | None = None) -> list[NodeChanged]:
+        """Mark down every node silent for longer than `missed_heartbeats * heartbeat_s`; the events sent.
+
+        Silence is counted from the later of the node's last heartbeat and this service's start, so a
+        restarted inventory doesn't mark the whole fleet down before it could hear from anyone.
+        """
+        now = self.now() if now is None else now
+        changes: list[NodeChanged] = []
+        for seen in await self.store.nodes():
+            if seen.state == "down" or not self._silent(seen, now):
+                continue
+            async with self._lock(seen.name):
+                rec = await self.store.get_node(seen.name)  # a heartbeat may have landed meanwhile
+                if rec is None or rec.state == "down" or not self._silent(rec, now):
+                    continue
+                silent_s = now - max(rec.last_heartbeat, self.started_at)
+                rec.state = "down"
+                rec.reason = f"no heartbeat for {silent_s:.1f}s (limit {self.down_after_s:g}s)"
+                await self._save(rec, changed=True)
+                log.warning("node %s down: %s", rec.name, rec.reason)
+                # replicas that both notice the same silence send one event (same msg id)
+                changes.append(await self._announce(rec, rec.reason, msg_id=f"{rec.name}:down:{rec.last_heartbeat}"))
+        return changes
+
+    def _silent(self, rec: NodeRecord, now: float) -> bool:
+        return now - max(rec.last_heartbeat, self.started_at) > self.down_after_s
+
+    # -- drain / undrain ---------------------------------------------------------------------------------
+    async def _on_admin(self, req: NodeAdmin, msg: Msg) -> None:
+        try:
+            reply = await self.admin(req)
+        except Exception as e:
+            log.exception("admin request %s failed", req)
+            reply = AdminReply(ok=False, error=f"inventory failed: {e}")
+        if msg.reply:
+            await msg.respond(encode(reply))
+
+    async def admin(self, req: NodeAdmin) -> AdminReply:
+        async with self._lock(req.node):
+            prev = await self.store.get_node(req.node)
+            if prev is None:
+                return AdminReply(ok=False, error=f"unknown node {req.node}")
+            rec = msgspec.structs.replace(prev)
+            if req.action == "drain":
+                rec.drained = True
+                rec.reason = req.reason or "drained by an operator"
+                if rec.state == "up":
+                    rec.state = "draining"
+            else:
+                rec.drained = False
+                rec.reason = "" if rec.state != "down" else rec.reason
+                if rec.state == "draining":
+                    rec.state = "up"
+            changed = (rec.state, rec.drained, rec.reason) != (prev.state, prev.drained, prev.reason)
+            if changed:
+                await self._save(rec, changed=True)
+                log.info("node %s %sed: now %s", rec.name, req.action, rec.state)
+                await self._announce(rec, f"{req.action}: {req.reason}" if req.reason else req.action)
+            return AdminReply(ok=True, state=rec.state)
+
+    # -- writes and events -------------------------------------------------------------------------------
+    async def _save(self, rec: NodeRecord, *, changed: bool) -> None:
+        if changed:
+            await self.store.put_node(rec)
+        else:
+            # Liveness only: rewrite the record but keep topo:gen, so topology caches stay valid.
+            # (Proposed contract: a Store.touch_node(rec) doing exactly this.)
+            await self.store.r.set(self.names.node_key(rec.name), encode(rec))
+
+    async def _announce(self, rec: NodeRecord, reason: str, *, msg_id: str | None = None) -> NodeChanged:
+        event = NodeChanged(node=rec.name, state=rec.state, reason=reason, at=self.now())
+        msg_id = msg_id or f"{rec.name}:{rec.state}:{event.at}:{reason}"
+        for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
+            try:
+                await self.bus.publish(self.names.node_events, event, msg_id=msg_id)
+                break
+            except Exception:
+                if attempt == _PUBLISH_ATTEMPTS:
+                    log.exception("could not publish %s; the record in Redis is current", event)
+                else:
+                    await asyncio.sleep(0.2 * attempt)
+        return event
+
+
+def _health_reason(rec: NodeRecord) -> str:
+    if not rec.gpu_health:
+        return "all GPUs ok"
+    return "GPU health " + ", ".join(f"{idx}={state}" for idx, state in sorted(rec.gpu_health.items(), key=_idx))
+
+
+def _idx(item: tuple[str, str]) -> int:
+    return int(item[0])
