@@ -37,6 +37,10 @@ Handler = Callable[[T, Mapping[str, str]], Awaitable[None]]
 DUPLICATE_WINDOW_S = 120.0
 
 
+class Retry(Exception):
+    """Raised by a handler for a message that arrived before what it depends on: redeliver it later."""
+
+
 class Bus:
     def __init__(self, nc: NatsClient, names: Names, service: str) -> None:
         self.nc = nc
@@ -155,6 +159,11 @@ class Bus:
             return
         try:
             await handler(obj, m.headers or {})
+        except Retry as e:
+            log.debug("%s: not yet (%s); redelivering later", m.subject, e)
+            with contextlib.suppress(Exception):
+                await m.nak(delay=delay)
+            return
         except Exception:
             log.exception("handler for %s failed; will retry", m.subject)
             with contextlib.suppress(Exception):

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from services.inventory.topology import topology_from_records
+from shared.bus import Retry
 from shared.core import Allocate, ClusterState, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
 from shared.core.state import Allocation as CoreAllocation
 from shared.core.state import indices_mask
@@ -60,6 +61,13 @@ LEASE_S = 5.0
 def job_spec(rec: JobRecord) -> JobSpec:
     """The core's view of a job record."""
     return spec_of(rec.spec, rec.id, rec.submitted_at)
+
+
+def _not_before_commit(rec: JobRecord, attempt: int) -> None:
+    """Agent events and placement events come through separate consumers: a rank can report before
+    the queue has seen its commit. Such an event is redelivered later instead of dropped."""
+    if rec.state is JobState.PENDING and rec.attempt <= attempt:
+        raise Retry(f"job {rec.id} attempt {attempt}: commit not seen yet")
 
 
 class QueueService(Service):
@@ -222,6 +230,7 @@ class QueueService(Service):
         now = self.now()
 
         def started(rec: JobRecord) -> JobRecord | None:
+            _not_before_commit(rec, ev.attempt)
             if rec.attempt != ev.attempt or rec.state not in (JobState.PLACED, JobState.RUNNING):
                 return None
             if ev.rank in rec.started_ranks:
@@ -239,6 +248,7 @@ class QueueService(Service):
         now = self.now()
 
         def exited(rec: JobRecord) -> JobRecord | None:
+            _not_before_commit(rec, ev.attempt)
             if rec.attempt != ev.attempt or rec.state not in (JobState.PLACED, JobState.RUNNING):
                 return None
             key = f"{ev.node}/{ev.rank}"
