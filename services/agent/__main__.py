@@ -13,7 +13,6 @@ from pathlib import Path
 from services.agent.backends import GpuBackend, NvmlUnavailableError, make_backend
 from services.agent.service import AgentService
 from shared.bus import Bus
-from shared.names import Names
 from shared.runtime import Deps, run, setup_logging
 from shared.settings import Settings, SettingsError
 from shared.store import Store
@@ -39,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(settings: Settings, nats_url: str, backend: GpuBackend, args: argparse.Namespace) -> None:
-    names = Names(cell=settings.cell)
+    names = settings.names()
     bus = await Bus.connect(nats_url, names, AgentService.name)
     await bus.ensure_streams()
     tracer = Tracer(

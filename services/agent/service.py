@@ -12,6 +12,8 @@
 - Idempotent: a StartRank for a job attempt this agent already runs is ignored; one that already
   finished is answered by publishing its exit again (the msg id makes that a no-op in the stream).
 - On shutdown the agent stops its ranks and reports their exits ("agent stopped").
+- Tracing: a command's `traceparent` continues in an `agent.start_rank` / `agent.stop_rank` span, and the
+  rank's RankStarted/RankExited carry that span's context, so the job's trace reaches the agent.
 
 Several agents can share one `Deps` (one NATS connection, e.g. a simulated fleet in one process): an
 agent never closes the bus, and `handle()` is public so one consumer can dispatch to many agents
@@ -48,6 +50,7 @@ from shared.schemas import (
 log = logging.getLogger("rackscale.agent")
 
 RunKey = tuple[str, int]  # (job id, attempt)
+TRACEPARENT = "traceparent"  # W3C trace context header (shared.tracing)
 
 
 @dataclass(slots=True)
@@ -176,8 +179,21 @@ class AgentService(Service):
             with self.tracer.span("agent.start_rank", headers, attrs | {"rackscale.rank": cmd.rank}):
                 await self.start_rank(cmd, self.tracer.headers())
         else:
-            with self.tracer.span("agent.stop_rank", headers, attrs):
+            # A stop without trace context continues the trace of the job's rank here, so it doesn't start a
+            # stray trace of its own; with neither, there is nothing to continue and no span.
+            trace = headers if TRACEPARENT in headers else self.job_trace(cmd.job_id)
+            if trace:
+                with self.tracer.span("agent.stop_rank", trace, attrs):
+                    self.stop_rank(cmd)
+            else:
                 self.stop_rank(cmd)
+
+    def job_trace(self, job_id: str) -> dict[str, str]:
+        """Trace headers of the job's latest rank on this node ({} when none is known)."""
+        for (job, _), run in reversed(self.runs.items()):
+            if job == job_id and run.trace:
+                return run.trace
+        return {}
 
     async def start_rank(self, cmd: StartRank, trace: Mapping[str, str] | None = None) -> RankRun:
         """Launch the rank unless this attempt is already known here; `trace` rides on its events."""

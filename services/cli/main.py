@@ -1,34 +1,169 @@
-"""The `rackscale` command line."""
+"""The `rackscale` command line.
+
+    rackscale up [--domains 4] [--policy rackscale] [--port 8080]   run everything locally until Ctrl-C
+    rackscale submit --gpus 64 --name demo --tenant me -- python train.py
+    rackscale jobs | job ID | cancel ID | cluster | drain NODE | undrain NODE
+    rackscale demo                                                   the scheduling core alone, in the terminal
+    rackscale sim --trace FILE ...                                   replay a trace, compare policies
+
+Every command but `up` and `demo` talks HTTP to --url (default $RACKSCALE_URL or http://127.0.0.1:8080).
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from shared.core import POLICIES
 
+Out = Callable[[str], None]
+
+JOB_STATES = ("pending", "placed", "running", "succeeded", "failed", "cancelled", "preempted")
+
+
+def _positive_int(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _port(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535, 0 picks a free one)")
+    return value
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {raw}")
+    return value
+
 
 def build_parser() -> argparse.ArgumentParser:
+    from services.cli.client import default_url
+
     parser = argparse.ArgumentParser(prog="rackscale", description="Topology-aware GPU scheduler for NVLink racks")
-    sub = parser.add_subparsers(dest="command", required=True)
-    up = sub.add_parser("up", help="run Rackscale locally on a simulated fleet")
-    up.add_argument("--domains", type=int, default=4, help="NVL72 domains to simulate (default 4 = 288 GPUs)")
-    up.add_argument("--policy", choices=sorted(POLICIES), default="rackscale")
-    up.add_argument("--seed", type=int, default=1)
-    up.add_argument("--interval", type=float, default=1.0, help="wall seconds between scheduling ticks")
-    up.add_argument("--ticks", type=int, default=None, help="stop after this many ticks (default: until Ctrl-C)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="run Rackscale locally (servers, services, a simulated fleet) until Ctrl-C")
+    up.add_argument("--domains", type=_positive_int, default=4, help="NVL72 domains to simulate (default 4 = 288 GPUs)")
+    up.add_argument("--policy", choices=sorted(POLICIES), default=None, help="placement policy (default rackscale)")
+    up.add_argument("--host", default=None, help="gateway bind address (default 127.0.0.1)")
+    up.add_argument("--port", type=_port, default=None, help="gateway port (default 8080; 0 picks a free one)")
+    up.add_argument("--nats-url", default=None, help="use this NATS server (default $RACKSCALE_NATS_URL or embedded)")
+    up.add_argument("--redis-url", default=None, help="use this Redis (default $RACKSCALE_REDIS_URL or embedded)")
+    up.add_argument("--log-level", default=None, type=str.upper, help="service logs (default WARNING)")
+    up.add_argument("--log-dir", type=Path, default=None, help="write each rank's output under this directory")
+
+    demo = sub.add_parser("demo", help="the scheduling core alone, live in the terminal (no services)")
+    demo.add_argument("--domains", type=_positive_int, default=4, help="NVL72 domains to simulate (default 4)")
+    demo.add_argument("--policy", choices=sorted(POLICIES), default="rackscale")
+    demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument("--interval", type=float, default=1.0, help="wall seconds between scheduling ticks")
+    demo.add_argument("--ticks", type=int, default=None, help="stop after this many ticks (default: until Ctrl-C)")
+
+    from services.cli import sim_cmd
+
+    sim_cmd.add_parser(sub)  # `rackscale sim`: trace replay on a modelled fleet (services/cli/sim_cmd.py)
+
+    api = argparse.ArgumentParser(add_help=False)
+    api.add_argument("--url", default=default_url(), help="gateway URL (default $RACKSCALE_URL or %(default)s)")
+    api.add_argument("--json", action="store_true", help="print the API's JSON answer")
+
+    s = sub.add_parser("submit", parents=[api], help="submit a job", usage="%(prog)s --gpus N [options] [-- CMD ...]")
+    s.add_argument("--gpus", type=_positive_int, required=True, help="GPUs in all")
+    s.add_argument("--name", default=None, help="job name (default: the command's name, or 'job')")
+    s.add_argument("--tenant", default=None, help="tenant (default $RACKSCALE_TENANT or your user name)")
+    s.add_argument("--gpus-per-node", type=_positive_int, default=None, help="GPUs on each node (default: whole nodes)")
+    s.add_argument("--nvlink", choices=("required", "preferred", "none"), default=None, help="(default required)")
+    s.add_argument("--segment", type=_positive_int, default=None, help="nodes per NVLink segment")
+    s.add_argument("--level", default=None, help="topology level the job must fit in (default domain)")
+    s.add_argument("--priority", type=int, default=None, help="-1000..1000 (default 0)")
+    s.add_argument("--checkpointable", action="store_true", help="may be preempted with a checkpoint")
+    s.add_argument("--exclusive", action="store_true", help="no other job on its nodes")
+    s.add_argument("--duration", type=_seconds, default=None, help="seconds a simulated agent runs it (default 60)")
+    s.add_argument("--expected-runtime", type=_seconds, default=None, help="your runtime estimate in seconds")
+    s.add_argument("--on-node-failure", choices=("requeue", "fail"), default=None, help="(default requeue)")
+    s.add_argument("--idempotency-key", default=None, help="a retry with the same key names the same job")
+    s.add_argument("cmd", nargs="*", metavar="-- CMD", help="the command each rank runs (none: a simulated run)")
+
+    js = sub.add_parser("jobs", parents=[api], help="list jobs")
+    js.add_argument("--tenant", default=None)
+    js.add_argument("--state", choices=JOB_STATES, default=None)
+    js.add_argument("--limit", type=_positive_int, default=50, help="at most this many (max 500, default 50)")
+    js.add_argument("--offset", type=int, default=0)
+
+    j = sub.add_parser("job", parents=[api], help="one job: state, pending reason, allocation")
+    j.add_argument("id")
+    c = sub.add_parser("cancel", parents=[api], help="cancel a job")
+    c.add_argument("id")
+    sub.add_parser("cluster", parents=[api], help="the fleet, one row of GPUs per NVLink domain")
+    d = sub.add_parser("drain", parents=[api], help="let a node's jobs finish, place nothing new on it")
+    d.add_argument("node")
+    d.add_argument("--reason", default="", help="why (shown with the node)")
+    u = sub.add_parser("undrain", parents=[api], help="put a drained node back in service")
+    u.add_argument("node")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def _print(text: str) -> None:
+    print(text, flush=True)
+
+
+def _print_err(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None, out: Out = _print, err: Out = _print_err) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "up":
+        from services.cli.up import UpOptions, run_up
+
+        opts = UpOptions(
+            domains=args.domains,
+            policy=args.policy,
+            host=args.host,
+            port=args.port,
+            nats_url=args.nats_url,
+            redis_url=args.redis_url,
+            log_level=args.log_level,
+            log_dir=args.log_dir,
+        )
+        return run_up(opts, out, err)
+    if args.command == "sim":
+        from services.cli import sim_cmd
+
+        return sim_cmd.run(args)
+    if args.command == "demo":
         from services.cli.demo import DemoOptions, run_demo
 
-        if args.domains < 1:
-            raise SystemExit("--domains must be at least 1")
         return run_demo(
             DemoOptions(
                 domains=args.domains, policy=args.policy, seed=args.seed, interval_s=args.interval, ticks=args.ticks
-            )
+            ),
+            out,
         )
-    return 2
+    from services.cli.client import Client, CliError
+    from services.cli.commands import COMMANDS
+
+    try:
+        return COMMANDS[args.command](args, Client(args.url), out)
+    except CliError as e:
+        err(str(e))
+        return 1
+    except KeyboardInterrupt:
+        return 130

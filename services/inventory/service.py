@@ -28,6 +28,7 @@ import re
 from typing import Any, Literal
 
 import msgspec
+import redis.exceptions
 from nats.aio.msg import Msg
 
 from shared.core.topology_io.agents import NO_FABRIC_UUIDS
@@ -53,6 +54,8 @@ QUEUE_GROUP = "inventory"
 # A node name becomes part of NATS subjects (agent.cmd.<node>) and Redis keys: no dots, wildcards or spaces.
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _PUBLISH_ATTEMPTS = 3
+# Redis going away (restart, failover, shutdown) is an outage to wait out, not a bug to trace back.
+STORE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 class ReportError(ValueError):
@@ -129,7 +132,9 @@ class InventoryService(Service):
             self._subs.append(await self.bus.subscribe(subject, AGENT_REPORTS, self._on_report, queue=QUEUE_GROUP))
         admin = await self.bus.subscribe(self.names.node_admin, NODE_ADMIN, self._on_admin, queue=QUEUE_GROUP)
         self._subs.append(admin)
-        await self.bus.nc.flush()  # the server has the subscriptions before start() returns
+        # The server has the subscriptions before start() returns (publishers on other connections can
+        # still miss them for a few ms; agents' periodic reports make up for that).
+        await self.bus.nc.flush()
         self.spawn(self._timer(), "heartbeat-timer")
 
     async def on_stop(self) -> None:
@@ -146,6 +151,8 @@ class InventoryService(Service):
                 break
             try:
                 await self.check_once()
+            except STORE_ERRORS as e:
+                log.warning("heartbeat check skipped, Redis unavailable: %s", e)
             except Exception:
                 log.exception("heartbeat check failed; trying again next period")
 
@@ -161,6 +168,9 @@ class InventoryService(Service):
                 await self.heartbeat(report)
         except ReportError as e:
             await self.bus.dead_letter(msg.subject, msg.data, str(e))
+        except STORE_ERRORS as e:
+            # Reports are periodic: the agent's next one is the retry.
+            log.warning("report from %s dropped, Redis unavailable: %s", report.node, e)
 
     async def register(self, reg: AgentRegister) -> NodeRecord:
         """Create or refresh the node's record from its registration; raises ReportError for a bad one."""
@@ -241,6 +251,9 @@ class InventoryService(Service):
     async def _on_admin(self, req: NodeAdmin, msg: Msg) -> None:
         try:
             reply = await self.admin(req)
+        except STORE_ERRORS as e:
+            log.warning("admin request %s failed, Redis unavailable: %s", req, e)
+            reply = AdminReply(ok=False, error=f"inventory can't reach its store: {e}")
         except Exception as e:
             log.exception("admin request %s failed", req)
             reply = AdminReply(ok=False, error=f"inventory failed: {e}")
@@ -248,10 +261,13 @@ class InventoryService(Service):
             await msg.respond(encode(reply))
 
     async def admin(self, req: NodeAdmin) -> AdminReply:
+        unknown = AdminReply(ok=False, error=f"unknown node {req.node}")
+        if await self.store.get_node(req.node) is None:
+            return unknown  # before taking a lock: names from the API must not grow the lock table
         async with self._lock(req.node):
             prev = await self.store.get_node(req.node)
             if prev is None:
-                return AdminReply(ok=False, error=f"unknown node {req.node}")
+                return unknown
             rec = msgspec.structs.replace(prev)
             if req.action == "drain":
                 rec.drained = True

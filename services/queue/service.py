@@ -370,10 +370,11 @@ class QueueService(Service):
         for rec in jobs.values():
             if rec.state is not JobState.PENDING:
                 continue
+            if rec.id in held:
+                continue  # committed, its Committed event not handled yet (or a release on its way)
             if rec.inflight_since is not None:
                 if now - rec.inflight_since < INFLIGHT_TIMEOUT_S:
-                    if rec.id not in held:
-                        self._occupy(state, rec.id, rec.allocation, rec, now)  # its order is on its way
+                    self._occupy(state, rec.id, rec.allocation, rec, now)  # its order is on its way
                     continue
                 await self._expire_inflight(rec, now)
                 continue
@@ -386,7 +387,8 @@ class QueueService(Service):
                 await self._order(jobs[d.job_id], d, topo, now)
             elif isinstance(d, Preempt):
                 await self._preempt(d, now)
-            elif isinstance(d, Pending | Reserve):
+            # most cycles change no reason: skip those round trips
+            elif isinstance(d, Pending | Reserve) and jobs[d.job_id].reason != d.reason:
                 await self._set_reason(d.job_id, d.reason, now)
 
     def _occupy(
@@ -399,6 +401,11 @@ class QueueService(Service):
         spec = job_spec(rec) if rec is not None else None
         runtime = spec.expected_runtime_s if spec is not None and spec.expected_runtime_s is not None else 3600.0
         start = rec.started_at if rec is not None and rec.started_at else now
+        free = state.free
+        if any(indices_mask(ng.gpus) & ~free[i] for ng, i in zip(nodes, idx, strict=True) if i is not None):
+            # only an in-flight order can overlap (commits can't: the Lua check); placement will reject it
+            log.info("in-flight order of job %s overlaps held GPUs; leaving it to placement", job_id)
+            return
         state.allocate(
             CoreAllocation(
                 job_id,

@@ -128,10 +128,6 @@ class Harness:
             with contextlib.suppress(Exception):
                 await svc.stop(grace_s=5.0)
         for deps in self.deps:
-            # Close without draining: Bus.consume leaves its pull subscription subscribed, and draining one
-            # whose fetch answer arrived late waits out nats-py's 30 s drain timeout. Nothing is in flight here.
-            with contextlib.suppress(Exception):
-                await deps.bus.nc.close()
             with contextlib.suppress(Exception):
                 await deps.close()
         jsm = self.nc.jsm()
@@ -427,3 +423,27 @@ async def test_restarted_inventory_gives_nodes_a_full_period(harness: Harness) -
     limit = h.settings.missed_heartbeats * h.settings.heartbeat_s
     assert await second.check_once(clock.t + limit - 0.05) == []
     assert [c.node for c in await second.check_once(clock.t + limit + 1)] == ["d00-n00"]
+
+
+async def test_redis_outage_drops_reports_with_a_warning_and_admin_says_so(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    h, clock = harness, FakeClock()
+    inv = await h.inventory(clock)
+    await registered(h, inv)
+    store = inv.deps.store
+    inv.deps.store = Store.from_url("redis://127.0.0.1:1/0", h.names)  # nothing listens there
+    try:
+        await send(h, h.names.agent_heartbeat, Heartbeat(node="d00-n00", at=clock.t))
+        reply = await admin(h, "d00-n00", "drain")
+        assert not reply.ok and reply.error.startswith("inventory can't reach its store")
+
+        async def warned() -> bool:
+            return any("dropped, Redis unavailable" in r.getMessage() for r in caplog.records)
+
+        await wait_until(warned, "the dropped-report warning")
+        assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    finally:
+        await inv.deps.store.close()
+        inv.deps.store = store
+    assert await admin(h, "d00-n00", "drain") == AdminReply(ok=True, state="draining")  # serving again

@@ -1,0 +1,497 @@
+#!/usr/bin/env python3
+"""End-to-end benchmark: the whole system (`services.stack.Stack`) on a 64-domain simulated fleet, over HTTP.
+
+    python bench/e2e_bench.py [--domains 64] [--latency-jobs 300] [--throughput-s 10] [--clients 8]
+                              [--same-process] [--profile FILE.prof]
+
+The stack runs in this process with embedded NATS and Valkey: 64 NVL72 domains = 1,152 simulated agents
+(in-process, one fleet), heartbeat 1 s. A load generator — by default in a child process, as a real client
+would be, so it doesn't share the stack's event loop (`--same-process` puts it in) — then measures:
+
+(a) latency: ~300 small jobs (1-4 GPUs, duration 0.2 s) submitted one at a time; for each, from the start of
+    the POST to the `running` JobEvent for it, heard on a core NATS subscription to `names.job_events_all`;
+    p50/p99, with the intermediate marks (202 answered, pending, placed) to show where the time goes;
+(b) throughput: several concurrent HTTP clients submit as fast as they can for 10 s; accepted submissions/s;
+    then every accepted job must reach a terminal state (succeeded/failed/cancelled), counted both from the
+    events and from the API (`GET /v1/jobs?tenant=...&state=...` totals): nothing lost means
+    accepted == terminal.
+
+One JSON document on stdout. Targets on the 2-core dev machine: p50 < 10 ms, p99 < 50 ms, >= 300
+submissions/s, nothing lost. `--profile` runs cProfile over the stack's process during (a) and (b), writes
+the .prof and adds the hottest functions and the time per component (service, library) to the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import dataclasses
+import json
+import multiprocessing
+import os
+import platform
+import pstats
+import random
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable without an install
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import aiohttp
+import msgspec
+import nats
+from nats.aio.msg import Msg
+
+from shared.names import Names
+from shared.schemas import EVENTS, JobEvent
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+IDLE_CALLS = frozenset({"<method 'poll' of 'select.epoll' objects>", "<method 'select' of 'select.epoll' objects>"})
+TARGETS = {"latency_p50_ms": 10.0, "latency_p99_ms": 50.0, "submissions_per_s": 300.0}
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    domains: int = 64
+    heartbeat_s: float = 1.0
+    latency_jobs: int = 300
+    warmup_jobs: int = 10
+    throughput_s: float = 10.0
+    clients: int = 8
+    drain_timeout_s: float = 600.0
+    register_timeout_s: float = 60.0
+    seed: int = 1
+    same_process: bool = False
+    profile: str | None = None
+
+
+def small_job(rng: random.Random, tenant: str, i: int) -> dict[str, Any]:
+    return {"name": f"{tenant}-{i}", "tenant": tenant, "gpus": rng.choice((1, 2, 4)), "duration_s": 0.2}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[k]
+
+
+def summary_ms(values: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in values]
+    return {
+        "p50": round(percentile(ms, 50), 2),
+        "p90": round(percentile(ms, 90), 2),
+        "p99": round(percentile(ms, 99), 2),
+        "max": round(max(ms), 2) if ms else float("nan"),
+        "mean": round(statistics.fmean(ms), 2) if ms else float("nan"),
+    }
+
+
+# -- the load generator ---------------------------------------------------------------------------------------
+
+
+class Events:
+    """JobEvents heard on a core subscription: when each job first reached each state (perf_counter)."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, dict[str, float]] = {}
+        self.terminal: set[str] = set()
+        self.waiters: dict[str, asyncio.Future[tuple[str, float]]] = {}
+        self.count = 0
+
+    async def on_msg(self, m: Msg) -> None:
+        now = time.perf_counter()
+        try:
+            ev = EVENTS.decode(m.data)
+        except msgspec.DecodeError:
+            return
+        if not isinstance(ev, JobEvent):
+            return
+        self.count += 1
+        state = ev.state.value
+        seen = self.first.setdefault(ev.job_id, {})
+        seen.setdefault(state, now)
+        if state in TERMINAL:
+            self.terminal.add(ev.job_id)
+        if state == "running" or state in TERMINAL:
+            fut = self.waiters.pop(ev.job_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result((state, now))
+
+    def started(self, job_id: str) -> asyncio.Future[tuple[str, float]]:
+        """Resolves with ("running", t) — or (terminal state, t) for a job that ended without a running event."""
+        fut: asyncio.Future[tuple[str, float]] = asyncio.get_running_loop().create_future()
+        seen = self.first.get(job_id, {})
+        done = [(s, t) for s, t in seen.items() if s == "running" or s in TERMINAL]
+        if done:
+            fut.set_result(min(done, key=lambda st: st[1]))
+        else:
+            self.waiters[job_id] = fut
+        return fut
+
+
+async def post_job(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async with http.post(f"{url}/v1/jobs", json=body) as r:
+        return r.status, await r.json()
+
+
+async def latency_phase(
+    http: aiohttp.ClientSession, url: str, events: Events, cfg: BenchConfig, rng: random.Random
+) -> dict[str, Any]:
+    marks: dict[str, list[float]] = {"accepted": [], "pending": [], "placed": [], "running": []}
+    failures: Counter[str] = Counter()
+    skipped: list[dict[str, Any]] = []
+    for i in range(cfg.warmup_jobs + cfg.latency_jobs):
+        t0 = time.perf_counter()
+        status, doc = await post_job(http, url, small_job(rng, "lat", i))
+        t_acc = time.perf_counter()
+        if status != 202:
+            failures[f"HTTP {status}: {doc.get('error')}"] += 1
+            continue
+        job_id = doc["id"]
+        try:
+            state, t_run = await asyncio.wait_for(events.started(job_id), 30)
+        except TimeoutError:
+            async with http.get(f"{url}/v1/jobs/{job_id}") as r:
+                rec = await r.json()
+            seen = sorted(events.first.get(job_id, {}))
+            failures[f"not running within 30 s (job #{i}: {rec.get('state')} {rec.get('reason')!r}, heard {seen})"] += 1
+            events.waiters.pop(job_id, None)
+            continue
+        if state != "running":
+            # the queue saw the rank exit with no running transition (see the report): no latency to measure
+            async with http.get(f"{url}/v1/jobs/{job_id}") as r:
+                rec = await r.json()
+            skipped.append({"job": job_id, "state": state, "started_at": rec.get("started_at")})
+            continue
+        if i < cfg.warmup_jobs:
+            continue
+        seen = events.first.get(job_id, {})
+        marks["accepted"].append(t_acc - t0)
+        marks["running"].append(t_run - t0)
+        for state in ("pending", "placed"):
+            if state in seen:
+                marks[state].append(seen[state] - t0)
+    return {
+        "jobs": len(marks["running"]),
+        "submit_to_running_ms": summary_ms(marks["running"]),
+        "marks_ms_p50": {k: round(percentile([v * 1000 for v in vs], 50), 2) for k, vs in marks.items()},
+        "marks_ms_p99": {k: round(percentile([v * 1000 for v in vs], 99), 2) for k, vs in marks.items()},
+        "failures": dict(failures),
+        "ended_without_running_event": len(skipped),
+        "ended_without_running_event_sample": skipped[:3],
+    }
+
+
+async def api_terminal_counts(http: aiohttp.ClientSession, url: str, tenant: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for state in ("pending", "placed", "running", "preempted", *TERMINAL):
+        async with http.get(f"{url}/v1/jobs", params={"tenant": tenant, "state": state, "limit": 1}) as r:
+            counts[state] = int((await r.json())["total"])
+    return counts
+
+
+async def throughput_phase(
+    http: aiohttp.ClientSession, url: str, events: Events, cfg: BenchConfig, rng: random.Random
+) -> dict[str, Any]:
+    accepted: list[str] = []
+    answer_s: list[float] = []
+    refused: Counter[str] = Counter()
+    seq = 0
+
+    async def client(deadline: float) -> None:
+        nonlocal seq
+        while time.perf_counter() < deadline:
+            seq += 1
+            t0 = time.perf_counter()
+            try:
+                status, doc = await post_job(http, url, small_job(rng, "tput", seq))
+            except aiohttp.ClientError as e:
+                refused[type(e).__name__] += 1
+                continue
+            answer_s.append(time.perf_counter() - t0)
+            if status == 202:
+                accepted.append(doc["id"])
+            else:
+                refused[f"HTTP {status}: {doc.get('error')}"] += 1
+
+    start = time.perf_counter()
+    deadline = start + cfg.throughput_s
+    await asyncio.gather(*(client(deadline) for _ in range(cfg.clients)))
+    elapsed = time.perf_counter() - start
+    ids = set(accepted)
+
+    # every accepted job must end: wait on the events, then check the API's record
+    drain_start = time.perf_counter()
+    while not ids <= events.terminal and time.perf_counter() - drain_start < cfg.drain_timeout_s:
+        await asyncio.sleep(0.2)
+    drain_s = time.perf_counter() - drain_start
+    heard = len(ids & events.terminal)
+    counts = await api_terminal_counts(http, url, "tput")
+    for _ in range(50):  # the last terminal record may land just after its event
+        if sum(counts[s] for s in TERMINAL) >= len(ids):
+            break
+        await asyncio.sleep(0.1)
+        counts = await api_terminal_counts(http, url, "tput")
+    api_terminal = sum(counts[s] for s in TERMINAL)
+    runs = [
+        events.first[j]["running"] - events.first[j].get("pending", 0.0)
+        for j in ids
+        if "running" in events.first.get(j, {})
+    ]
+    return {
+        "clients": cfg.clients,
+        "seconds": round(elapsed, 2),
+        "accepted": len(ids),
+        "accepted_per_s": round(len(ids) / elapsed, 1),
+        "refused": dict(refused),
+        "answer_ms": summary_ms(answer_s),
+        "terminal_by_events": heard,
+        "terminal_by_api": api_terminal,
+        "states_by_api": counts,
+        "lost": len(ids) - api_terminal,
+        "drain_s_after_submitting": round(drain_s, 2),
+        "completed_per_s": round(len(ids) / (elapsed + drain_s), 1),
+        "pending_to_running_ms": summary_ms(runs) if runs else {},
+    }
+
+
+async def drive(url: str, nats_url: str, prefix: str, cfg: BenchConfig) -> dict[str, Any]:
+    """Both phases against a running system; the results as a dict."""
+    rng = random.Random(cfg.seed)
+    events = Events()
+    nc = await nats.connect(nats_url)
+    await nc.subscribe(Names(prefix=prefix).job_events_all, cb=events.on_msg, pending_msgs_limit=1_000_000)
+    await nc.flush()
+    conn = aiohttp.TCPConnector(limit=cfg.clients)
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
+        try:
+            latency = await latency_phase(http, url, events, cfg, rng)
+            throughput = await throughput_phase(http, url, events, cfg, rng)
+        finally:
+            await nc.close()
+    return {"latency": latency, "throughput": throughput, "job_events_heard": events.count}
+
+
+def _child(url: str, nats_url: str, prefix: str, cfg: BenchConfig, conn: Connection) -> None:
+    try:
+        conn.send(("ok", asyncio.run(drive(url, nats_url, prefix, cfg))))
+    except BaseException as e:
+        conn.send(("error", repr(e)))
+        raise
+
+
+async def drive_in_child(url: str, nats_url: str, prefix: str, cfg: BenchConfig) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    mine, theirs = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(url, nats_url, prefix, cfg, theirs), daemon=True)
+    proc.start()
+    theirs.close()
+    loop = asyncio.get_running_loop()
+    ready = asyncio.Event()
+    loop.add_reader(mine.fileno(), ready.set)
+    try:
+        while not ready.is_set():
+            if not proc.is_alive() and not mine.poll():
+                raise RuntimeError(f"the load generator exited with {proc.exitcode} without a result")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready.wait(), 1.0)
+        kind, payload = mine.recv()
+    finally:
+        loop.remove_reader(mine.fileno())
+        proc.join(10)
+    if kind != "ok":
+        raise RuntimeError(f"the load generator failed: {payload}")
+    return dict(payload)
+
+
+# -- the stack ----------------------------------------------------------------------------------------------
+
+
+def component(filename: str) -> str:
+    """Which part of the system a profiled function belongs to."""
+    path = filename.replace("\\", "/")
+    for mark in ("/services/", "/shared/"):
+        if mark in path:
+            rest = path.split(mark, 1)[1]
+            head = rest.split("/", 1)[0]
+            return f"{mark.strip('/')}/{head.removesuffix('.py')}"
+    for lib in ("nats", "redis", "aiohttp", "msgspec", "asyncio", "opentelemetry", "multidict", "yarl"):
+        if f"/{lib}/" in path:
+            return lib
+    if path.startswith("~") or path.startswith("<"):
+        return "builtins"
+    return "other"
+
+
+def profile_report(prof: cProfile.Profile, path: str, top: int = 25) -> dict[str, Any]:
+    """Where the stack's process spent its time: busy share per component, the hottest functions by self time,
+    and Rackscale's own functions by cumulative time. `entries` counts calls with every resume of a coroutine."""
+    prof.dump_stats(path)
+    stats = pstats.Stats(prof)
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    # the event loop waiting in epoll is idle time, not work
+    idle = sum(v[2] for k, v in raw.items() if k[2] in IDLE_CALLS)
+    raw_total = sum(v[2] for v in raw.values())
+    busy = max(raw_total - idle, 1e-9)
+    by_component: Counter[str] = Counter()
+    for (filename, _line, name), (_cc, _nc, tt, _ct, _callers) in raw.items():
+        if name not in IDLE_CALLS:
+            by_component[component(filename)] += tt
+    rows = sorted(((k, v) for k, v in raw.items() if k[2] not in IDLE_CALLS), key=lambda kv: kv[1][2], reverse=True)
+    rows = rows[:top]
+    cum_rows = sorted(
+        ((k, v) for k, v in raw.items() if "/services/" in k[0] or "/shared/" in k[0]),
+        key=lambda kv: kv[1][3],
+        reverse=True,
+    )[:top]
+
+    def where(k: tuple[str, int, str]) -> str:
+        filename, line, name = k
+        short = filename.split("/work/main/")[-1].split("site-packages/")[-1]
+        return f"{short}:{line}:{name}"
+
+    return {
+        "file": path,
+        "profiled_wall_s": round(raw_total, 2),
+        "event_loop_idle_s": round(idle, 2),
+        "busy_s": round(busy, 2),
+        "busy_share_by_component": {k: round(v / busy, 3) for k, v in by_component.most_common() if v / busy >= 0.005},
+        "top_self_time": [
+            {"function": where(k), "self_s": round(v[2], 3), "entries": v[1], "cum_s": round(v[3], 3)} for k, v in rows
+        ],
+        "top_cumulative_in_rackscale": [
+            {"function": where(k), "cum_s": round(v[3], 3), "entries": v[1]} for k, v in cum_rows
+        ],
+    }
+
+
+async def node_counts(http: aiohttp.ClientSession, url: str) -> dict[str, int]:
+    async with http.get(f"{url}/v1/cluster") as r:
+        doc = await r.json()
+    states = Counter(n["state"] for d in doc["domains"] for n in d["nodes"])
+    return {"registered": sum(states.values()), **{s: states.get(s, 0) for s in ("up", "draining", "down")}}
+
+
+async def wait_registered(url: str, nodes: int, timeout_s: float) -> dict[str, Any]:
+    """Until every node is registered and up, or `timeout_s`: an overloaded stack may never get there (the
+    load then runs on the nodes that are up, and the result says how many were)."""
+    start = time.perf_counter()
+    async with aiohttp.ClientSession() as http:
+        while True:
+            counts = await node_counts(http, url)
+            waited = time.perf_counter() - start
+            if counts["up"] >= nodes or waited > timeout_s:
+                return {"waited_s": round(waited, 2), "all_up": counts["up"] >= nodes, **counts}
+            await asyncio.sleep(0.5)
+
+
+async def bench(cfg: BenchConfig) -> dict[str, Any]:
+    from services.stack import Stack, StackOptions
+    from shared.settings import Settings
+
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    settings = Settings(prefix=prefix, gateway_port=0, heartbeat_s=cfg.heartbeat_s, log_level="WARNING")
+    stack = Stack(StackOptions(domains=cfg.domains, settings=settings))
+    t0 = time.perf_counter()
+    await stack.start()
+    result: dict[str, Any] = {
+        "config": dataclasses.asdict(cfg),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        },
+        "fleet": {"domains": cfg.domains, "nodes": cfg.domains * 18, "gpus": cfg.domains * 72},
+    }
+    try:
+        started = time.perf_counter() - t0
+        result["startup"] = {
+            "stack_s": round(started, 2),
+            "nodes_before_load": await wait_registered(stack.gateway_url, cfg.domains * 18, cfg.register_timeout_s),
+        }
+        prof = cProfile.Profile() if cfg.profile else None
+        if prof is not None:
+            prof.enable()
+        try:
+            if cfg.same_process:
+                load = await drive(stack.gateway_url, stack.nats_url, prefix, cfg)
+            else:
+                load = await drive_in_child(stack.gateway_url, stack.nats_url, prefix, cfg)
+        finally:
+            if prof is not None:
+                prof.disable()
+        result.update(load)
+        queue = stack.services.get("queue")
+        result["queue_cycles"] = getattr(queue, "cycles", None)
+        async with aiohttp.ClientSession() as http:
+            result["nodes_at_end"] = await node_counts(http, stack.gateway_url)
+        if prof is not None and cfg.profile:
+            result["profile"] = profile_report(prof, cfg.profile)
+    finally:
+        await stack.stop()
+    result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    lat = result["latency"]["submit_to_running_ms"]
+    tput = result["throughput"]
+    result["targets"] = {
+        "latency_p50_ms": {"target": TARGETS["latency_p50_ms"], "got": lat["p50"], "met": lat["p50"] < 10},
+        "latency_p99_ms": {"target": TARGETS["latency_p99_ms"], "got": lat["p99"], "met": lat["p99"] < 50},
+        "submissions_per_s": {
+            "target": TARGETS["submissions_per_s"],
+            "got": tput["accepted_per_s"],
+            "met": tput["accepted_per_s"] >= 300,
+        },
+        "nothing_lost": {"accepted": tput["accepted"], "terminal": tput["terminal_by_api"], "met": tput["lost"] == 0},
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--domains", type=int, default=64)
+    p.add_argument("--heartbeat", type=float, default=1.0, help="agent heartbeat period (s)")
+    p.add_argument("--latency-jobs", type=int, default=300)
+    p.add_argument("--throughput-s", type=float, default=10.0)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--drain-timeout", type=float, default=600.0, help="bound on waiting for accepted jobs to end")
+    p.add_argument("--register-timeout", type=float, default=60.0, help="bound on waiting for every node to be up")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--same-process", action="store_true", help="run the load generator in the stack's event loop")
+    p.add_argument("--profile", default=None, metavar="FILE", help="cProfile the stack's process into FILE")
+    a = p.parse_args(argv)
+    cfg = BenchConfig(
+        domains=a.domains,
+        heartbeat_s=a.heartbeat,
+        latency_jobs=a.latency_jobs,
+        throughput_s=a.throughput_s,
+        clients=a.clients,
+        drain_timeout_s=a.drain_timeout,
+        register_timeout_s=a.register_timeout,
+        seed=a.seed,
+        same_process=a.same_process,
+        profile=a.profile,
+    )
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    result = asyncio.run(bench(cfg))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The CLI commands that talk to a running Rackscale over HTTP (submit, jobs, job, cancel, cluster, drain).
+
+Each takes the parsed arguments, a `Client` and an `out` callable, prints its answer and returns the exit
+code; failures are raised as `CliError` (printed by `main`, exit 1). `--json` prints the API's answer as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from services.cli.client import Client, CliError, quote
+from services.cli.cluster import decode_cluster, draw_cluster
+
+Out = Callable[[str], None]
+TENANT_ENV = "RACKSCALE_TENANT"
+
+
+def default_tenant() -> str:
+    env = os.environ.get(TENANT_ENV, "").strip()
+    if env:
+        return env
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "default"
+
+
+def _print_json(out: Out, doc: object) -> None:
+    out(json.dumps(doc, indent=2, sort_keys=True))
+
+
+# -- submit ----------------------------------------------------------------------------------------------
+
+
+def job_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST /v1/jobs body: only what was given on the command line (the gateway fills the defaults)."""
+    command: list[str] = list(args.cmd or [])
+    name = args.name or (os.path.basename(command[0]) if command else "job")
+    body: dict[str, Any] = {"name": name, "tenant": args.tenant or default_tenant(), "gpus": args.gpus}
+    topology = {k: v for k, v in (("nvlink", args.nvlink), ("segment", args.segment), ("level", args.level)) if v}
+    if topology:
+        body["topology"] = topology
+    optional = {
+        "gpus_per_node": args.gpus_per_node,
+        "priority": args.priority,
+        "duration_s": args.duration,
+        "expected_runtime_s": args.expected_runtime,
+        "on_node_failure": args.on_node_failure,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    if args.checkpointable:
+        body["checkpointable"] = True
+    if args.exclusive:
+        body["exclusive"] = True
+    if command:
+        body["command"] = command
+    return body
+
+
+def submit(args: argparse.Namespace, client: Client, out: Out) -> int:
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+    resp = client.post("/v1/jobs", job_body(args), headers=headers)
+    doc = resp.body or {}
+    if args.json:
+        _print_json(out, doc)
+    elif resp.status == 200:  # the Idempotency-Key named a job submitted before
+        out(f"{doc.get('id')}: already submitted with this Idempotency-Key, now {doc.get('state')}")
+    else:
+        out(f"{doc.get('id')}: submitted ({doc.get('state')})")
+    return 0
+
+
+# -- jobs and job --------------------------------------------------------------------------------------------
+
+
+def ago(t: float | None, now: float) -> str:
+    """`12s`, `4m`, `3h`, `2d` since t ('-' for none)."""
+    if not t:
+        return "-"
+    return span(max(0.0, now - t))
+
+
+def span(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"  # pragma: no cover
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[str]], wrap_last: int = 60) -> str:
+    """Left-aligned columns; the last column is cut at `wrap_last` characters."""
+    rows = [[*r[:-1], _cut(r[-1], wrap_last)] for r in rows]
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    return "\n".join(lines)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _domains(job: dict[str, Any]) -> str:
+    seen = dict.fromkeys(p.get("domain") or "?" for p in job.get("allocation") or [])
+    return ",".join(seen) or "-"
+
+
+def jobs(args: argparse.Namespace, client: Client, out: Out) -> int:
+    query = {"tenant": args.tenant, "state": args.state, "limit": args.limit, "offset": args.offset}
+    doc = client.get("/v1/jobs", query)
+    if args.json:
+        _print_json(out, doc)
+        return 0
+    now = time.time()
+    rows = [
+        [
+            j["id"],
+            j["name"],
+            j["tenant"],
+            j["state"],
+            str(j["gpus"]),
+            _domains(j),
+            ago(j.get("submitted_at"), now),
+            j.get("reason") or "",
+        ]
+        for j in doc["jobs"]
+    ]
+    if rows:
+        out(table(["ID", "NAME", "TENANT", "STATE", "GPUS", "DOMAINS", "AGE", "REASON"], rows))
+    shown = len(rows)
+    total = doc.get("total", shown)
+    if not rows:
+        out("no jobs" + (" match" if args.tenant or args.state else ""))
+    elif total > shown:
+        out(f"{shown} of {total} jobs (--offset {doc.get('offset', 0) + shown} for more)")
+    return 0
+
+
+def _gpu_list(gpus: Sequence[int]) -> str:
+    """[0,1,2,3] → `0-3`, [0,2] → `0,2`."""
+    if not gpus:
+        return "-"
+    gs = sorted(gpus)
+    if gs == list(range(gs[0], gs[-1] + 1)) and len(gs) > 2:
+        return f"{gs[0]}-{gs[-1]}"
+    return ",".join(map(str, gs))
+
+
+def describe_job(j: dict[str, Any], now: float) -> str:
+    topo = j.get("topology") or {}
+    shape = f"{j['gpus']} GPUs" + (f", {j['gpus_per_node']} per node" if j.get("gpus_per_node") else "")
+    shape += f", nvlink {topo.get('nvlink', 'required')}"
+    if topo.get("segment"):
+        shape += f", segments of {topo['segment']} nodes"
+    if topo.get("level") and topo.get("level") != "domain":
+        shape += f", level {topo['level']}"
+    flags = [f for f in ("exclusive", "checkpointable") if j.get(f)]
+    rows: list[tuple[str, str]] = [
+        ("id", j["id"]),
+        ("name", j["name"]),
+        ("tenant", j["tenant"]),
+        ("state", j["state"]),
+    ]
+    reason = j.get("reason") or ""
+    if reason:
+        rows.append(("pending reason" if j["state"] == "pending" else "reason", reason))
+    rows += [
+        ("shape", shape),
+        ("priority", str(j.get("priority", 0)) + (f" ({', '.join(flags)})" if flags else "")),
+        ("attempt", str(j.get("attempt", 0))),
+        ("submitted", f"{ago(j.get('submitted_at'), now)} ago"),
+    ]
+    started, ended = j.get("started_at"), j.get("ended_at")
+    if started:
+        rows.append(("started", f"{ago(started, now)} ago"))
+    if ended:
+        ran = f", ran {span(ended - started)}" if started else ""
+        rows.append(("ended", f"{ago(ended, now)} ago{ran}"))
+    width = max(len(k) for k in [*(k for k, _ in rows), "allocation", "exit codes"])
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    alloc = j.get("allocation") or []
+    if alloc:
+        by_domain: dict[str, list[str]] = {}
+        for p in alloc:
+            by_domain.setdefault(p.get("domain") or "?", []).append(f"{p['node']}[{_gpu_list(p['gpus'])}]")
+        lines.append(f"{'allocation'.ljust(width)}  {len(alloc)} nodes in {len(by_domain)} domain(s)")
+        lines += [f"{''.ljust(width)}    {d}: {' '.join(nodes)}" for d, nodes in by_domain.items()]
+    codes = j.get("exit_codes") or {}
+    if codes:
+        lines.append(f"{'exit codes'.ljust(width)}  " + " ".join(f"{k}={v}" for k, v in sorted(codes.items())))
+    return "\n".join(lines)
+
+
+def job(args: argparse.Namespace, client: Client, out: Out) -> int:
+    doc = client.get(f"/v1/jobs/{quote(args.id)}")
+    if args.json:
+        _print_json(out, doc)
+    else:
+        out(describe_job(doc, time.time()))
+    return 0
+
+
+def cancel(args: argparse.Namespace, client: Client, out: Out) -> int:
+    doc = client.delete(f"/v1/jobs/{quote(args.id)}").body or {}
+    if args.json:
+        _print_json(out, doc)
+    else:
+        out(f"{doc.get('id', args.id)}: {doc.get('state', 'cancelling')}")
+    return 0
+
+
+# -- cluster and nodes -----------------------------------------------------------------------------------------
+
+
+def cluster(args: argparse.Namespace, client: Client, out: Out) -> int:
+    resp = client.request("GET", "/v1/cluster")
+    if args.json:
+        _print_json(out, resp.body)
+        return 0
+    try:
+        view = decode_cluster(resp.raw)
+    except ValueError as e:  # msgspec errors are ValueErrors
+        raise CliError(f"error: the cluster document from {client.base} is not one this CLI reads: {e}") from None
+    out(draw_cluster(view))
+    return 0
+
+
+def _admin(action: str, args: argparse.Namespace, client: Client, out: Out) -> int:
+    body = {"reason": args.reason} if getattr(args, "reason", None) else None
+    doc = client.post(f"/v1/nodes/{quote(args.node)}/{action}", body).body or {}
+    if args.json:
+        _print_json(out, doc)
+    else:
+        out(f"{doc.get('node', args.node)}: {doc.get('state', '?')}")
+    return 0
+
+
+def drain(args: argparse.Namespace, client: Client, out: Out) -> int:
+    return _admin("drain", args, client, out)
+
+
+def undrain(args: argparse.Namespace, client: Client, out: Out) -> int:
+    return _admin("undrain", args, client, out)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Client, Out], int]] = {
+    "submit": submit,
+    "jobs": jobs,
+    "job": job,
+    "cancel": cancel,
+    "cluster": cluster,
+    "drain": drain,
+    "undrain": undrain,
+}

@@ -1,0 +1,205 @@
+"""`rackscale sim`: replay a trace on a modelled NVL72 fleet under several policies, side by side.
+
+    rackscale sim --trace ../shared/traces/philly --domains 32 --policy flat,tree,block,rackscale \\
+                  --load 0.9 --seeds 1,2,3,4,5 --out out/philly-0.9
+
+Writes DIR/report.json, DIR/report.md and DIR/{occupancy,wait_cdf,free_runs}.png. Several --trace
+flags make a mix (each trace stretched onto the longest span, then merged). Run standalone with
+``python -m services.cli.sim_cmd ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, TextIO
+
+from shared.core import POLICIES
+
+DEFAULT_POLICIES = "flat,tree,block,rackscale"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not vals:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return vals
+
+
+def _window(text: str) -> tuple[float, float]:
+    try:
+        a, b = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:END in days, got {text!r}") from None
+    if b <= a:
+        raise argparse.ArgumentTypeError(f"window end {b} must be after its start {a}")
+    return a, b
+
+
+def _segments(text: str) -> tuple[tuple[int, int], ...]:
+    out = []
+    for part in text.split(","):
+        try:
+            g, s = part.split(":")
+            out.append((int(g), int(s)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected MIN_GPUS:SEGMENT,..., got {text!r}") from None
+    return tuple(sorted(out))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from shared.sim.traces import FORMATS
+
+    p.add_argument("--trace", action="append", required=True, metavar="PATH",
+                   help="trace file or real-trace folder; repeat to mix traces (e.g. kalos and philly)")
+    p.add_argument("--format", action="append", choices=FORMATS, default=None,
+                   help="trace format per --trace (default: detected from the header)")
+    p.add_argument("--window-days", action="append", type=_window, default=None, metavar="A:B",
+                   help="use only jobs submitted in trace days [A, B) (per --trace, in order)")
+    p.add_argument("--limit", type=int, default=None, help="first N jobs of each trace (smoke runs)")
+    p.add_argument("--domains", type=int, default=32, help="NVLink domains in the fleet (default 32)")
+    p.add_argument("--nodes-per-domain", type=int, default=18)
+    p.add_argument("--gpus-per-node", type=int, default=4)
+    p.add_argument("--domains-per-leaf", type=int, default=None, help="group domains under leaf switches")
+    p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated, of {', '.join(sorted(POLICIES))}")
+    p.add_argument("--load", type=float, default=None,
+                   help="scale submit times so the trace offers this many times the fleet's capacity")
+    p.add_argument("--seed", type=int, default=1, help="one seed (estimates, checkpointable draws, failures)")
+    p.add_argument("--seeds", type=_ints, default=None, help="several seeds, e.g. 1,2,3,4,5: mean and spread")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--failures", choices=("on", "off"), default="on")
+    p.add_argument("--mtbf-days", type=float, default=60.0, help="mean time between failures per node")
+    p.add_argument("--repair-hours", type=float, default=24.0, help="mean repair time")
+    p.add_argument("--comm-share", type=float, default=0.05,
+                   help="share of step time in NVLink collectives (slowdown model)")
+    p.add_argument("--bandwidth-ratio", type=float, default=36.0, help="NVLink / scale-out bandwidth per GPU")
+    p.add_argument("--segments", type=_segments, default=None, metavar="G:S,...",
+                   help="segment size by job size: from G GPUs segment S nodes (default 32:4,65:16)")
+    p.add_argument("--nvlink-min-gpus", type=int, default=8, help="jobs of this many GPUs or more need NVLink")
+    p.add_argument("--exact-estimates", action="store_true", help="the scheduler sees true runtimes")
+    p.add_argument("--estimate-sigma", type=float, default=0.5)
+    p.add_argument("--estimate-median", type=float, default=1.5)
+    p.add_argument("--ckpt-share", type=float, default=0.5, help="share of jobs that are checkpointable")
+    p.add_argument("--reservations", type=int, default=4)
+    p.add_argument("--no-backfill", action="store_true")
+    p.add_argument("--no-preemption", action="store_true")
+    p.add_argument("--cycle-interval", type=float, default=30.0,
+                   help="simulated seconds between scheduling cycles (0: a cycle at every event time)")
+    p.add_argument("--queue-depth", type=int, default=100,
+                   help="oldest pending jobs per tenant each cycle tests (0: all)")
+    p.add_argument("--workers", type=int, default=1, help="runs in parallel processes")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("sim", help="replay a job trace on a modelled fleet and compare policies",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+
+
+class ProgressBar:
+    def __init__(self, stream: TextIO, width: int = 40) -> None:
+        self.stream = stream
+        self.width = width
+        self.start = time.monotonic()
+        self.last = -1
+
+    def __call__(self, frac: float) -> None:
+        frac = min(max(frac, 0.0), 1.0)
+        step = int(frac * 200)
+        if step == self.last:
+            return
+        self.last = step
+        filled = int(frac * self.width)
+        elapsed = time.monotonic() - self.start
+        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] {100 * frac:5.1f}%  {elapsed:6.0f} s")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def build_experiment(args: argparse.Namespace) -> Any:
+    from shared.sim.engine import SimConfig
+    from shared.sim.experiment import Experiment, TraceSpec
+    from shared.sim.fleet import FailureModel, FleetConfig
+    from shared.sim.mapping import MappingConfig
+    from shared.sim.slowdown import SlowdownModel
+
+    policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise SystemExit(f"unknown policy {bad}; choose from {', '.join(sorted(POLICIES))}")
+    n = len(args.trace)
+    fmts = args.format or []
+    wins = args.window_days or []
+    if len(fmts) > n or len(wins) > n:
+        raise SystemExit("give at most one --format and one --window-days per --trace")
+    traces = tuple(
+        TraceSpec(path, fmts[i] if i < len(fmts) else None, wins[i] if i < len(wins) else None, args.limit)
+        for i, path in enumerate(args.trace)
+    )
+    if args.domains < 1:
+        raise SystemExit("--domains must be at least 1")
+    mapping = MappingConfig(
+        gpus_per_node=args.gpus_per_node,
+        nvlink_min_gpus=args.nvlink_min_gpus,
+        exact_estimates=args.exact_estimates,
+        estimate_sigma=args.estimate_sigma,
+        estimate_median=args.estimate_median,
+        ckpt_share=args.ckpt_share,
+        **({"segments": args.segments} if args.segments else {}),
+    )
+    sim = SimConfig(
+        fleet=FleetConfig(args.domains, args.nodes_per_domain, args.gpus_per_node, args.domains_per_leaf),
+        failures=FailureModel(args.failures == "on", args.mtbf_days, args.repair_hours),
+        slowdown=SlowdownModel(nvlink_gbps=50.0 * args.bandwidth_ratio, scaleout_gbps=50.0,
+                               comm_share=args.comm_share),
+        reservations=args.reservations,
+        backfill=not args.no_backfill,
+        preemption=not args.no_preemption,
+        cycle_interval_s=args.cycle_interval,
+        queue_depth=args.queue_depth or None,
+    )
+    seeds = args.seeds or (args.seed,)
+    return Experiment(traces, policies, seeds, args.load, sim, mapping, max(1, args.workers))
+
+
+def run(args: argparse.Namespace) -> int:
+    from shared.sim import experiment, report
+    from shared.sim.traces import TraceFormatError
+
+    exp = build_experiment(args)
+    bar = None if args.quiet else ProgressBar(sys.stderr)
+    try:
+        work, outs = experiment.run(exp, bar)
+    except (TraceFormatError, FileNotFoundError, ValueError) as e:
+        if bar:
+            bar.close()
+        print(f"rackscale sim: {e}", file=sys.stderr)
+        return 2
+    if bar:
+        bar.close()
+    summary = experiment.summarise(exp, work, outs)
+    title = "Simulation: " + " + ".join(t.path.rstrip("/").split("/")[-1] for t in exp.traces)
+    paths = report.write(args.out, summary, outs, title, plots=not args.no_plots)
+    print(report.markdown(summary, title))
+    print("wrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rackscale sim", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
