@@ -1,0 +1,208 @@
+"""An experiment: one workload (trace, or a mix), several policies x seeds, metrics with mean and spread.
+
+The workload is prepared once (load, window, mix, scale to the load); each (policy, seed) run maps it
+with the seed (estimates, checkpointable draws), simulates it with that seed's failures and computes the
+metrics. Runs are independent, so they go to a process pool; a seed gives identical numbers whatever
+the pool size. Progress is reported through a callback with the overall fraction done.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from shared.sim.engine import SimConfig, SimResult, simulate
+from shared.sim.fleet import DAY
+from shared.sim.mapping import MappingConfig, map_jobs, mix, offered_load, scale_to_load, span, window
+from shared.sim.metrics import aggregate, compute, unfinished_reasons
+from shared.sim.traces import LoadedTrace, TraceJob, load_trace
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSpec:
+    path: str
+    fmt: str | None = None
+    window_days: tuple[float, float] | None = None  # submit-time window of this trace, in trace days
+    limit: int | None = None  # first N usable jobs (by submit time)
+
+
+@dataclass(frozen=True, slots=True)
+class Experiment:
+    traces: tuple[TraceSpec, ...]
+    policies: tuple[str, ...] = ("flat", "tree", "block", "rackscale")
+    seeds: tuple[int, ...] = (1,)
+    load: float | None = None  # None: submit times as recorded
+    sim: SimConfig = field(default_factory=SimConfig)
+    mapping: MappingConfig = field(default_factory=MappingConfig)
+    workers: int = 1
+
+
+@dataclass(slots=True)
+class Workload:
+    jobs: list[TraceJob]
+    loaded: list[LoadedTrace]
+    factor: float  # submit-time stretch applied for the load (1: as recorded)
+    offered: float  # offered load after scaling (see mapping.offered_load)
+
+
+@dataclass(slots=True)
+class RunOut:
+    policy: str
+    seed: int
+    metrics: dict[str, Any]
+    unfinished: dict[str, int]
+    mapping_skipped: dict[str, int]
+    mapping_notes: dict[str, int]
+    wall_s: float
+    samples: list[tuple[float, int, int]]
+    free_runs: list[int]
+    waits: list[float]
+
+
+def prepare(exp: Experiment) -> Workload:
+    loaded: list[LoadedTrace] = []
+    parts: list[list[TraceJob]] = []
+    for ts in exp.traces:
+        lt = load_trace(ts.path, ts.fmt)
+        jobs = lt.jobs
+        if ts.window_days is not None:
+            a, b = ts.window_days
+            jobs = window(jobs, a * DAY, b * DAY)
+        if ts.limit is not None:
+            jobs = jobs[: ts.limit]
+        loaded.append(lt)
+        parts.append(jobs)
+    jobs = parts[0] if len(parts) == 1 else mix(parts)
+    capacity = exp.sim.fleet.gpus
+    factor = 1.0
+    if exp.load is not None:
+        jobs, factor = scale_to_load(jobs, capacity, exp.load)
+    offered = offered_load(jobs, capacity) if span(jobs) > 0 else 0.0
+    return Workload(jobs, loaded, factor, offered)
+
+
+_WORK: tuple[Experiment, Workload] | None = None  # set in the parent before forking workers
+_PROGRESS: Any = None  # shared array of per-run progress fractions
+
+
+def run_one(exp: Experiment, work: Workload, policy: str, seed: int,
+            progress: Callable[[float], None] | None = None) -> RunOut:
+    cfg = replace(exp.sim, policy=policy, seed=seed)
+    topo = cfg.fleet.topology()
+    mapped = map_jobs(work.jobs, replace(exp.mapping, gpus_per_node=cfg.fleet.gpus_per_node), topo, seed)
+    t0 = time.perf_counter()
+    res: SimResult = simulate(mapped.jobs, cfg, progress)
+    wall = time.perf_counter() - t0
+    metrics = compute(res)
+    waits = [r.first_start - r.job.submit_s for r in res.jobs if r.first_start is not None]
+    return RunOut(policy, seed, metrics, unfinished_reasons(res), dict(mapped.skipped), dict(mapped.notes), wall,
+                  res.samples, res.free_runs, waits)
+
+
+def _worker(task: tuple[int, str, int]) -> RunOut:
+    idx, policy, seed = task
+    assert _WORK is not None
+    exp, work = _WORK
+
+    def report(f: float) -> None:
+        if _PROGRESS is not None:
+            _PROGRESS[idx] = f
+
+    return run_one(exp, work, policy, seed, report)
+
+
+def run(exp: Experiment, progress: Callable[[float], None] | None = None) -> tuple[Workload, list[RunOut]]:
+    """Every (policy, seed) run; results in (policy, seed) order whatever the completion order."""
+    global _WORK, _PROGRESS
+    work = prepare(exp)
+    tasks = [(i, p, s) for i, (p, s) in enumerate((p, s) for p in exp.policies for s in exp.seeds)]
+    n = len(tasks)
+    workers = max(1, min(exp.workers, n))
+    if workers == 1:
+        outs = []
+        for i, p, s in tasks:
+            def report(f: float, i: int = i) -> None:
+                if progress is not None:
+                    progress((i + f) / n)
+            outs.append(run_one(exp, work, p, s, report))
+        return work, outs
+    ctx = mp.get_context("fork")
+    _WORK = (exp, work)
+    _PROGRESS = ctx.Array("d", n, lock=False)
+    try:
+        with ctx.Pool(workers) as pool:
+            pending = pool.map_async(_worker, tasks, chunksize=1)
+            while not pending.ready():
+                pending.wait(0.5)
+                if progress is not None:
+                    progress(sum(_PROGRESS) / n)
+            outs = pending.get()
+    finally:
+        _WORK = None
+        _PROGRESS = None
+    return work, outs
+
+
+def summarise(exp: Experiment, work: Workload, outs: Sequence[RunOut]) -> dict[str, Any]:
+    """report.json's content: per policy the mean of each metric, and its spread over the seeds."""
+    policies: dict[str, dict[str, Any]] = {}
+    spread: dict[str, dict[str, Any]] = {}
+    per_seed: dict[str, dict[str, dict[str, Any]]] = {}
+    unfinished: dict[str, dict[str, int]] = {}
+    timing: dict[str, dict[str, float | None]] = {}  # wall-clock: the only part a rerun changes
+    for pol in exp.policies:
+        runs = [o for o in outs if o.policy == pol]
+        means, spr = aggregate(o.metrics for o in runs)
+        policies[pol] = means
+        spread[pol] = spr
+        per_seed[pol] = {str(o.seed): o.metrics for o in runs}
+        agg: dict[str, int] = {}
+        for o in runs:
+            for k, v in o.unfinished.items():
+                agg[k] = agg.get(k, 0) + v
+        unfinished[pol] = agg
+        timing[pol] = {
+            "wall_s_mean": sum(o.wall_s for o in runs) / len(runs) if runs else None,
+            "events_per_s": sum(o.metrics["events"] for o in runs) / max(sum(o.wall_s for o in runs), 1e-9),
+        }
+    first = outs[0] if outs else None
+    sim = exp.sim
+    return {
+        "policies": policies,
+        "spread": spread,
+        "per_seed": per_seed,
+        "unfinished": unfinished,
+        "parameters": {
+            "traces": [asdict(t) for t in exp.traces],
+            "policies": list(exp.policies),
+            "seeds": list(exp.seeds),
+            "load": exp.load,
+            "offered_load": work.offered,
+            "submit_stretch": work.factor,
+            "jobs": len(work.jobs),
+            "span_days": span(work.jobs) / DAY,
+            "fleet": asdict(sim.fleet),
+            "fleet_gpus": sim.fleet.gpus,
+            "failures": asdict(sim.failures),
+            "slowdown": asdict(sim.slowdown),
+            "mapping": asdict(exp.mapping),
+            "reservations": sim.reservations,
+            "backfill": sim.backfill,
+            "preemption": sim.preemption,
+            "cycle_interval_s": sim.cycle_interval_s,
+            "queue_depth": sim.queue_depth,
+            "ckpt_interval_s": sim.ckpt_interval_s,
+            "large_nodes": sim.large_nodes,
+        },
+        "loaded": [lt.summary() for lt in work.loaded],
+        "mapping_skipped": first.mapping_skipped if first else {},
+        "mapping_notes": first.mapping_notes if first else {},
+        "seeds": len(exp.seeds),
+        "spread_note": "policies[p][m] is the mean over seeds; spread[p][m] has std (sample), min, max, n",
+        "timing": timing,
+        "os_cpus": os.cpu_count(),
+    }

@@ -1,0 +1,197 @@
+"""Metrics of one simulated run, and their mean and spread over seeds.
+
+The *window* is the span over which the trace offers its load: first to last submit (or the run's
+``window``). Time integrals are taken over it, so a policy is not rewarded or punished for the tail of
+a few very long jobs after the last arrival. Definitions (GPU-seconds unless said otherwise):
+
+- ``occupancy``: allocated / healthy GPU-time in the window (healthy: GPUs on nodes that are up).
+- ``goodput``: useful / healthy GPU-time in the window. Useful = the work that counted towards a job's
+  completion, at the ideal (local) speed: an attempt's kept work is the part after its restore time,
+  slowed by its slowdown, and only the part of it inside the window counts. Lost work (killed before a
+  checkpoint), restore time and the cross-domain slowdown are allocated but not useful.
+- ``locality``: of the GPU-time held by NVLink-sensitive jobs (whole run), the share whose every unit
+  (segment, or whole job) sat inside one domain. ``null`` when the trace has no such jobs.
+- ``wait_p50/p95/p99`` (s): first start - submit, over jobs that started (linear-interpolated percentiles).
+- ``jct_mean`` (s): completion - submit over finished jobs; ``slowdown_mean``: JCT / max(duration, 10 s)
+  (bounded slowdown), over finished jobs.
+- ``makespan`` (s): last completion (or the run's end) - first submit.
+- ``fragmentation``: time-averaged share of healthy GPUs that were free while the queue head (the first
+  job in the cycle's order that didn't start) waited although the free GPUs could hold it in number:
+  capacity its shape can't use. ``fragmentation_gpus`` is the same as a GPU count.
+- ``large_avail_gpus``: time-averaged GPUs that 16-node single-domain jobs could get right now
+  (``sum over domains of floor(free whole nodes / 16) x 16 x 4``); ``large_avail_share``: that over the
+  free GPUs (how much of the idle capacity is in a shape a large job can use).
+- ``large_wait_p95`` (s): wait p95 of jobs of 16 nodes or more (``null`` when there are none).
+- ``preemptions``: attempts ended by `Preempt`; ``migrations``: running jobs moved (0: the simulator
+  does not run the migration service, which the core doesn't contain); ``reservations``: jobs that got a
+  reservation before starting; ``reservation_hits``: of those, started no later than first promised;
+  ``reservation_hit_rate`` = hits / reservations.
+- ``failures``, ``failure_kills``: node failures and the job attempts they killed;
+  ``lost_gpu_h``: GPU-hours of work lost to kills; ``slowdown_gpu_h``: GPU-hours lost to cross-domain
+  slowdown; ``overhead_gpu_h``: restore time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+
+from shared.sim.engine import DONE, SimResult
+
+# metrics where lower is better (for the report's "best" marks)
+LOWER_IS_BETTER = frozenset({
+    "wait_p50", "wait_p95", "wait_p99", "jct_mean", "slowdown_mean", "makespan", "fragmentation",
+    "fragmentation_gpus", "large_wait_p95", "preemptions", "migrations", "lost_gpu_h", "slowdown_gpu_h",
+    "overhead_gpu_h", "unfinished",
+})
+HEADLINE = (
+    "occupancy", "goodput", "locality", "wait_p50", "wait_p95", "wait_p99", "jct_mean", "slowdown_mean",
+    "makespan", "fragmentation", "large_avail_gpus", "large_avail_share", "large_wait_p95", "preemptions",
+    "migrations", "reservations", "reservation_hits", "reservation_hit_rate",
+)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _overlap(a: float, b: float, lo: float, hi: float) -> float:
+    return max(0.0, min(b, hi) - max(a, lo))
+
+
+def waits(res: SimResult, large_only: bool = False) -> list[float]:
+    return [
+        r.first_start - r.job.submit_s
+        for r in res.jobs
+        if r.first_start is not None and (r.job.large or not large_only)
+    ]
+
+
+def compute(res: SimResult) -> dict[str, float | int | None]:
+    w0, w1 = res.window
+    useful_w = 0.0
+    sens_total = sens_local = 0.0
+    lost = slow_loss = overhead = 0.0
+    for a in res.attempts:
+        job = res.jobs[a.job].job
+        held = a.gpus * (a.end - a.start)
+        if job.sensitive:
+            sens_total += held
+            if a.cross == 0.0:
+                sens_local += held
+        p0 = a.start + a.overhead
+        useful_w += a.gpus * _overlap(p0, p0 + a.kept * a.slowdown, w0, w1) / a.slowdown
+        lost += a.gpus * (a.done - a.kept) * a.slowdown
+        slow_loss += a.gpus * a.kept * (a.slowdown - 1.0)
+        overhead += a.gpus * a.overhead
+    finished = [r for r in res.jobs if r.end is not None]
+    jct = [r.end - r.job.submit_s for r in finished if r.end is not None]
+    bsld = [(r.end - r.job.submit_s) / max(r.job.duration_s, 10.0) for r in finished if r.end is not None]
+    all_waits = waits(res)
+    large = waits(res, large_only=True)
+    first = min((r.job.submit_s for r in res.jobs), default=0.0)
+    last_end = max((r.end for r in finished if r.end is not None), default=res.end_time)
+    if len(finished) < len(res.jobs):
+        last_end = max(last_end, res.end_time)
+    span = max(w1 - w0, 1e-9)
+    healthy = res.healthy_gpu_s
+    return {
+        "occupancy": res.alloc_gpu_s / healthy if healthy else None,
+        "goodput": useful_w / healthy if healthy else None,
+        "locality": sens_local / sens_total if sens_total else None,
+        "wait_p50": percentile(all_waits, 50),
+        "wait_p95": percentile(all_waits, 95),
+        "wait_p99": percentile(all_waits, 99),
+        "jct_mean": statistics.fmean(jct) if jct else None,
+        "slowdown_mean": statistics.fmean(bsld) if bsld else None,
+        "makespan": last_end - first,
+        "fragmentation": res.frag_gpu_s / healthy if healthy else None,
+        "fragmentation_gpus": res.frag_gpu_s / span,
+        "large_avail_gpus": res.large_avail_gpu_s / span,
+        "large_avail_share": res.large_avail_gpu_s / res.free_gpu_s if res.free_gpu_s else None,
+        "large_wait_p95": percentile(large, 95),
+        "large_jobs": sum(1 for r in res.jobs if r.job.large),
+        "preemptions": res.preemptions,
+        "migrations": 0,
+        "reservations": res.reservations,
+        "reservation_hits": res.reservation_hits,
+        "reservation_hit_rate": res.reservation_hits / res.reservations if res.reservations else None,
+        "failures": res.failures,
+        "failure_kills": res.failure_kills,
+        "jobs": len(res.jobs),
+        "finished": len(finished),
+        "unfinished": len(res.jobs) - len(finished),
+        "useful_gpu_h": useful_w / 3600.0,
+        "healthy_gpu_h": healthy / 3600.0,
+        "lost_gpu_h": lost / 3600.0,
+        "slowdown_gpu_h": slow_loss / 3600.0,
+        "overhead_gpu_h": overhead / 3600.0,
+        "events": res.events,
+        "cycles": res.cycles,
+    }
+
+
+def unfinished_reasons(res: SimResult) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in res.jobs:
+        if r.end is None:
+            out[r.unfinished or "unknown"] = out.get(r.unfinished or "unknown", 0) + 1
+    return out
+
+
+def aggregate(runs: Iterable[Mapping[str, float | int | None]]) -> tuple[dict[str, float | None], dict[str, dict]]:
+    """Mean per metric, and the spread (std, min, max, n) over the runs that have a value."""
+    rows = list(runs)
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    means: dict[str, float | None] = {}
+    spread: dict[str, dict] = {}
+    for k in keys:
+        vals = [float(v) for r in rows if (v := r.get(k)) is not None]
+        if not vals:
+            means[k] = None
+            spread[k] = {"std": None, "min": None, "max": None, "n": 0}
+            continue
+        means[k] = statistics.fmean(vals)
+        spread[k] = {
+            "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+            "min": min(vals),
+            "max": max(vals),
+            "n": len(vals),
+        }
+    return means, spread
+
+
+def gpu_seconds_balance(res: SimResult) -> dict[str, float]:
+    """Allocated GPU-time split into useful work, lost work, restore overhead and slowdown (whole run).
+
+    ``allocated - (useful + lost + overhead + slowdown)`` is 0 up to rounding: the conservation check.
+    """
+    alloc = useful = lost = over = slow = 0.0
+    for a in res.attempts:
+        alloc += a.gpus * (a.end - a.start)
+        useful += a.gpus * a.kept
+        lost += a.gpus * (a.done - a.kept) * a.slowdown
+        over += a.gpus * a.overhead
+        slow += a.gpus * a.kept * (a.slowdown - 1.0)
+    return {"allocated": alloc, "useful": useful, "lost": lost, "overhead": over, "slowdown": slow}
+
+
+def finished_work(res: SimResult) -> list[tuple[str, float, float]]:
+    """(job id, kept work over its attempts, duration) for every finished job: the two must match."""
+    kept: dict[int, float] = {}
+    for a in res.attempts:
+        kept[a.job] = kept.get(a.job, 0.0) + a.kept
+    return [(r.job.id, kept.get(i, 0.0), r.job.duration_s) for i, r in enumerate(res.jobs) if r.end is not None]
+
+
+__all__ = ["DONE", "HEADLINE", "LOWER_IS_BETTER", "aggregate", "compute", "gpu_seconds_balance", "percentile"]

@@ -1,0 +1,55 @@
+"""What a split costs an NVLink-sensitive job.
+
+A job needs its ranks of each *unit* (its segment, or the whole job when it has none) inside one NVLink
+domain. Inside a domain a GPU has about 1.8 TB/s of NVLink; across domains, about 50 GB/s of scale-out
+fabric: a bandwidth ratio ``R = 36``. Of a step's time a share ``c`` (default 0.05) is the NVLink
+collectives (tensor/expert parallel) when everything is local. When a unit of ``n`` nodes is spread
+over domains holding ``n_d`` nodes each, the share of its rank pairs that cross a domain boundary is
+``x = 1 - sum_d (n_d / n)^2`` (all-to-all traffic; 0 when local, 0.5 for an even split in two). Those
+bytes go ``R`` times slower, so the step takes
+
+    slowdown = 1 + c * x * (R - 1)      (averaged over the job's units)
+
+e.g. an even two-domain split costs 1 + 0.05 * 0.5 * 35 = 1.875x. Jobs with no NVLink need (single
+node, or ``nvlink=none``) pay nothing. `flat` and `tree` pay it when they split a unit; `block` and
+`rackscale` never split one. A unit is the job's nodes in allocation order, chunked by the unit size
+(policies lay segments out one after another).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SlowdownModel:
+    nvlink_gbps: float = 1800.0
+    scaleout_gbps: float = 50.0
+    comm_share: float = 0.05
+
+    @property
+    def ratio(self) -> float:
+        return self.nvlink_gbps / self.scaleout_gbps
+
+    def cross_share(self, node_domains: Sequence[int], unit: int) -> float:
+        """Mean over units of the share of rank pairs that cross domains (0: every unit local)."""
+        if unit <= 1 or len(node_domains) <= 1:
+            return 0.0
+        total = 0.0
+        units = 0
+        for i in range(0, len(node_domains), unit):
+            chunk = node_domains[i : i + unit]
+            units += 1
+            first = chunk[0]
+            if all(d == first for d in chunk):
+                continue
+            n = len(chunk)
+            counts: dict[int, int] = {}
+            for d in chunk:
+                counts[d] = counts.get(d, 0) + 1
+            total += 1.0 - sum((c / n) ** 2 for c in counts.values())
+        return total / units if units else 0.0
+
+    def factor(self, cross: float) -> float:
+        return 1.0 + self.comm_share * cross * (self.ratio - 1.0)

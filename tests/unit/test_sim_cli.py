@@ -1,0 +1,61 @@
+"""`rackscale sim` end to end on a fixture: report.json (means + spreads with --seeds), report.md, plots,
+identical numbers for the same seeds, and errors for malformed traces."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from services.cli import sim_cmd
+from shared.sim.metrics import HEADLINE
+
+FIXTURES = Path(__file__).parent / "sim_fixtures"
+
+
+def run_cli(out: Path, *extra: str) -> int:
+    return sim_cmd.main([
+        "--trace", str(FIXTURES / "backfill.csv"), "--domains", "2", "--nodes-per-domain", "4",
+        "--policy", "flat,tree,block,rackscale", "--out", str(out), "--quiet", *extra,
+    ])
+
+
+def test_seeds_give_means_and_spreads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_cli(tmp_path / "a", "--seeds", "1,2,3", "--load", "0.5", "--cycle-interval", "0") == 0
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert set(report["policies"]) == {"flat", "tree", "block", "rackscale"}
+    for pol, metrics in report["policies"].items():
+        assert set(HEADLINE) <= set(metrics)
+        assert report["spread"][pol]["occupancy"]["n"] == 3
+        assert set(report["per_seed"][pol]) == {"1", "2", "3"}
+    assert report["parameters"]["load"] == 0.5 and report["parameters"]["seeds"] == [1, 2, 3]
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert "| metric | flat | tree | block | rackscale |" in md and "±" in md
+    for png in ("occupancy.png", "wait_cdf.png", "free_runs.png"):
+        assert (tmp_path / "a" / png).read_bytes()[:4] == b"\x89PNG"
+    assert "occupancy" in capsys.readouterr().out
+
+
+def test_same_seed_identical_report(tmp_path: Path) -> None:
+    for d in ("x", "y"):
+        assert run_cli(tmp_path / d, "--seed", "7", "--no-plots") == 0
+    x, y = (json.loads((tmp_path / d / "report.json").read_text()) for d in ("x", "y"))
+    x.pop("timing"), y.pop("timing")
+    assert x == y
+
+
+def test_malformed_trace_is_an_error_with_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = sim_cmd.main(["--trace", str(FIXTURES / "canonical_bad_number.csv"), "--out", str(tmp_path), "--quiet"])
+    assert rc == 2
+    assert "canonical_bad_number.csv:4:" in capsys.readouterr().err
+
+
+def test_add_parser_wires_a_subcommand() -> None:
+    parser = argparse.ArgumentParser(prog="rackscale")
+    sub = parser.add_subparsers(dest="command")
+    sim_cmd.add_parser(sub)
+    args = parser.parse_args(["sim", "--trace", "t.csv", "--out", "o", "--seeds", "1,2", "--policy", "block"])
+    assert args.command == "sim" and args.seeds == (1, 2) and args.policy == "block"
+    assert sim_cmd.run is not None
