@@ -215,8 +215,15 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
-SHORT = {"locality": "locality", "fragmentation": "fragmentation", "large_avail_gpus": "large-job avail. GPUs",
-         "large_wait_p95": "large-job wait p95", "reservation_hit_rate": "resv. hit rate", "jct_mean": "mean JCT"}
+SHORT = {
+    "locality": "locality",
+    "fragmentation": "fragmentation",
+    "large_avail_gpus": "large-job avail. GPUs",
+    "large_wait_p95": "large-job wait p95",
+    "reservation_hit_rate": "resv. hit rate",
+    "jct_mean": "mean JCT",
+    "wait_p95": "wait p95",
+}
 KEY_METRICS = ("occupancy", "goodput", "locality", "wait_p95", "jct_mean", "fragmentation", "large_avail_gpus",
                "large_wait_p95", "reservation_hit_rate")
 

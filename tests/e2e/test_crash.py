@@ -24,6 +24,10 @@ JOBS = 100
 KILL_AFTER = 30
 RESTART_AFTER = 60
 OK_CMD = ["python3", "-c", "import sys; sys.exit(0)"]
+CONSUMERS = {  # the durable consumers of each service: (subject, durable name's `what`)
+    "queue": [("job_submit", "submit"), ("placement_events", "placement"), ("agent_events", "agent")],
+    "placement": [("orders", "orders")],
+}
 
 
 def burst(seed: int) -> list[dict[str, Any]]:
@@ -54,25 +58,16 @@ async def test_sigkill_mid_burst_loses_nothing_and_runs_nothing_twice(
     warm = await e2e.submit({"name": "warm-up", "tenant": "a", "gpus": 1, "duration_s": 0.05})
     await e2e.wait_state(warm, {"succeeded"})
 
-    accepted: list[str] = []
     bodies = burst(seed=7 if victim == "queue" else 8)
-    sem = asyncio.Semaphore(8)
-    killed = asyncio.Event()
-    restarted = asyncio.Event()
-
-    async def one(body: dict[str, Any]) -> None:
-        async with sem:
-            accepted.append(await e2e.submit(body))
-            if len(accepted) >= KILL_AFTER and not killed.is_set():
-                killed.set()
-                stack.kill_process(victim)
-            elif len(accepted) >= RESTART_AFTER and killed.is_set() and not restarted.is_set():
-                restarted.set()
-                stack.start_process(victim)
-
-    await asyncio.gather(*(one(b) for b in bodies))
-    assert killed.is_set() and restarted.is_set()
-    assert len(accepted) == JOBS
+    accepted = await e2e.submit_all(bodies[:KILL_AFTER], concurrency=8)
+    # more of the burst keeps coming while the victim is killed with work in hand (messages delivered to it
+    # and not acked yet: they must come back to the restarted process), and while it is down
+    killer = asyncio.create_task(_kill_with_work_in_hand(e2e, victim))
+    accepted += await e2e.submit_all(bodies[KILL_AFTER:RESTART_AFTER], concurrency=2)
+    await killer
+    stack.start_process(victim)
+    accepted += await e2e.submit_all(bodies[RESTART_AFTER:], concurrency=8)
+    assert len(set(accepted)) == JOBS
 
     jobs = await e2e.wait_terminal([warm, *accepted], timeout=120)
     bad = {i: (j["state"], j["reason"]) for i, j in jobs.items() if j["state"] != "succeeded"}
@@ -95,3 +90,20 @@ async def test_sigkill_mid_burst_loses_nothing_and_runs_nothing_twice(
     problems = double_bookings(await e2e.job_events())
     assert not problems, problems[:10]
     assert not service_errors(caplog.records)
+
+
+async def _kill_with_work_in_hand(e2e: E2E, victim: str, timeout: float = 10.0) -> None:
+    """SIGKILL `victim` as soon as one of its consumers has delivered messages it hasn't acked yet (at the
+    deadline regardless: the kill then still lands mid-burst)."""
+    js, names = e2e.nc.jetstream(), e2e.names
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        for attr, what in CONSUMERS[victim]:
+            subject = getattr(names, attr)
+            info = await js.consumer_info(names.stream_for(subject), names.consumer(victim, what))
+            if info.num_ack_pending:
+                e2e.stack.kill_process(victim)
+                return
+        await asyncio.sleep(0.001)
+    e2e.stack.kill_process(victim)
