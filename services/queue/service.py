@@ -254,6 +254,10 @@ class QueueService(Service):
             key = f"{ev.node}/{ev.rank}"
             if key in rec.exit_codes:
                 return None
+            if ev.exit_code == 0 and ev.rank not in rec.started_ranks:
+                # a clean exit always follows the rank's start event; both may have been redelivered
+                # out of order, and the job must pass through running
+                raise Retry(f"job {rec.id} rank {ev.rank}: exit before its start")
             rec.exit_codes = {**rec.exit_codes, key: ev.exit_code}
             rec.updated_at = now
             if ev.exit_code != 0:
