@@ -28,7 +28,7 @@ def _venv_python() -> Path:
 
 def ensure_env() -> Path:
     """Create the virtualenv and install the project unless pyproject.toml is unchanged since."""
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - runs under whatever python3 the newcomer has
         sys.exit(f"Rackscale needs Python 3.11+, this is {sys.version.split()[0]}")
     py = _venv_python()
     if not py.exists():

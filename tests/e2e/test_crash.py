@@ -1,33 +1,33 @@
 """SIGKILL a service in the middle of a burst and start it again (issue #3, acceptance 5).
 
-The service runs as a real child process (`Stack.start_process`), so the kill is honest: whatever it had
-fetched and not acked comes back from JetStream to the restarted process. Every accepted job must still
-reach its end, and none may run twice: per job, RankStarted events come from one attempt only, and each
-rank of that attempt started once.
+The service runs as a real child process (`Stack.start_process`), so the kill is honest. It is frozen
+(SIGSTOP) for a moment first while the burst goes on: what the server delivers to it then (its open pull
+request takes up to a batch) is in its hands, unacked, when SIGKILL lands, and JetStream must deliver it
+again to the restarted process (after the consumer's ack wait). Every accepted job must still reach its
+end, and none may run twice: once every order and every agent command has been handled, per job the
+RankStarted events come from one attempt only, and each rank of that attempt started once.
 """
 
 from __future__ import annotations
 
-import asyncio
+import os
 import random
+import signal
 from collections import defaultdict
 from typing import Any
 
 import pytest
 
-from shared.schemas import RankStarted
-from tests.e2e.conftest import E2E, StackFactory, double_bookings, service_errors
+from shared.schemas import AGENT_COMMANDS, RankExited, RankStarted, StartRank
+from tests.e2e.conftest import E2E, StackFactory, double_bookings, service_errors, wait_until
 
 pytestmark = pytest.mark.asyncio
 
 JOBS = 100
-KILL_AFTER = 30
-RESTART_AFTER = 60
+KILL_AFTER = 30  # accepted before the victim is frozen
+FROZEN = 10  # accepted while it is frozen (delivered to it, then lost with it)
+RESTART_AFTER = 60  # accepted before it starts again
 OK_CMD = ["python3", "-c", "import sys; sys.exit(0)"]
-CONSUMERS = {  # the durable consumers of each service: (subject, durable name's `what`)
-    "queue": [("job_submit", "submit"), ("placement_events", "placement"), ("agent_events", "agent")],
-    "placement": [("orders", "orders")],
-}
 
 
 def burst(seed: int) -> list[dict[str, Any]]:
@@ -60,11 +60,10 @@ async def test_sigkill_mid_burst_loses_nothing_and_runs_nothing_twice(
 
     bodies = burst(seed=7 if victim == "queue" else 8)
     accepted = await e2e.submit_all(bodies[:KILL_AFTER], concurrency=8)
-    # more of the burst keeps coming while the victim is killed with work in hand (messages delivered to it
-    # and not acked yet: they must come back to the restarted process), and while it is down
-    killer = asyncio.create_task(_kill_with_work_in_hand(e2e, victim))
-    accepted += await e2e.submit_all(bodies[KILL_AFTER:RESTART_AFTER], concurrency=2)
-    await killer
+    os.kill(stack.processes[victim].pid, signal.SIGSTOP)
+    accepted += await e2e.submit_all(bodies[KILL_AFTER : KILL_AFTER + FROZEN], concurrency=FROZEN)
+    stack.kill_process(victim)
+    accepted += await e2e.submit_all(bodies[KILL_AFTER + FROZEN : RESTART_AFTER], concurrency=8)
     stack.start_process(victim)
     accepted += await e2e.submit_all(bodies[RESTART_AFTER:], concurrency=8)
     assert len(set(accepted)) == JOBS
@@ -72,6 +71,9 @@ async def test_sigkill_mid_burst_loses_nothing_and_runs_nothing_twice(
     jobs = await e2e.wait_terminal([warm, *accepted], timeout=120)
     bad = {i: (j["state"], j["reason"]) for i, j in jobs.items() if j["state"] != "succeeded"}
     assert not bad, f"{len(bad)} jobs did not succeed: {dict(list(bad.items())[:10])}"
+    # redelivered messages may still be on their way: wait until placement has handled every order and
+    # every StartRank it sent has been answered by the agent, so a late second run would be seen
+    await _settled(e2e)
 
     # none ran twice: one attempt per job, each of its ranks started once
     starts: dict[str, list[RankStarted]] = defaultdict(list)
@@ -92,18 +94,27 @@ async def test_sigkill_mid_burst_loses_nothing_and_runs_nothing_twice(
     assert not service_errors(caplog.records)
 
 
-async def _kill_with_work_in_hand(e2e: E2E, victim: str, timeout: float = 10.0) -> None:
-    """SIGKILL `victim` as soon as one of its consumers has delivered messages it hasn't acked yet (at the
-    deadline regardless: the kill then still lands mid-burst)."""
+async def _settled(e2e: E2E) -> None:
     js, names = e2e.nc.jetstream(), e2e.names
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        for attr, what in CONSUMERS[victim]:
-            subject = getattr(names, attr)
-            info = await js.consumer_info(names.stream_for(subject), names.consumer(victim, what))
-            if info.num_ack_pending:
-                e2e.stack.kill_process(victim)
-                return
-        await asyncio.sleep(0.001)
-    e2e.stack.kill_process(victim)
+
+    async def orders_handled() -> bool:
+        info = await js.consumer_info(names.stream_for(names.orders), names.consumer("placement", "orders"))
+        return info.num_pending == 0 and info.num_ack_pending == 0
+
+    await wait_until(orders_handled, "placement to handle every order (redeliveries included)", timeout=90)
+
+    async def commands_answered() -> set[tuple[str, int, int]] | None:
+        sent = {
+            (c.job_id, c.attempt, c.rank)
+            for c in (AGENT_COMMANDS.decode(m.data) for m in await e2e.stream(names.agent_cmd_all))
+            if isinstance(c, StartRank)
+        }
+        answered = {
+            (e.job_id, e.attempt, e.rank)
+            for e in await e2e.decoded(names.agent_events)
+            if isinstance(e, RankStarted | RankExited)
+        }
+        missing = sent - answered
+        return None if missing else sent
+
+    await wait_until(commands_answered, "a RankStarted or RankExited for every StartRank sent")
