@@ -144,7 +144,7 @@ class Names:
         return self._key(f"gpus:{node}")  # hash: GPU index → job id
 
     def alloc_key(self, job_id: str) -> str:
-        return self._key(f"alloc:{job_id}")  # hash: attempt, record (AllocationRecord, msgpack)
+        return self._key(f"alloc:{job_id}")  # hash: attempt, record (AllocationRecord); floor once released
 
     @property
     def allocs_key(self) -> str:

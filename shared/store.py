@@ -2,7 +2,8 @@
 
 Each key family has one writer (see `shared.names`). The commit script is the only way GPUs are
 handed out: it checks, in one atomic step, that the job holds nothing yet (or holds exactly this
-attempt: a redelivered order is a no-op), that every chosen node is up and every chosen GPU is free,
+attempt: a redelivered order is a no-op), that the attempt is newer than any released one (a late
+redelivery after the job ended must not run it again), that every chosen node is up and every chosen GPU is free,
 and only then marks them. Two placement replicas can therefore never hand out one GPU twice.
 """
 
@@ -32,6 +33,10 @@ from shared.schemas import (
 # ARGV: job_id, attempt, record, n, gpu lists ("0,1,2,3") for nodes 1..n
 COMMIT_LUA = """
 local n = tonumber(ARGV[4])
+local floor = redis.call('HGET', KEYS[1], 'floor')
+if floor and tonumber(ARGV[2]) <= tonumber(floor) then
+  return {'stale', 'attempt ' .. ARGV[2] .. ' of this job was already released'}
+end
 local held = redis.call('HGET', KEYS[1], 'attempt')
 if held then
   if held == ARGV[2] then return {'dup'} end
@@ -63,9 +68,13 @@ for i = 1, n do
     if redis.call('HGET', KEYS[2 + i], gpu) == ARGV[1] then redis.call('HDEL', KEYS[2 + i], gpu) end
   end
 end
-local existed = redis.call('DEL', KEYS[1])
+local attempt = redis.call('HGET', KEYS[1], 'attempt')
+if not attempt then return 0 end
+-- keep a floor: an order for this or an older attempt, redelivered late, must never commit again
+redis.call('HDEL', KEYS[1], 'attempt', 'record')
+redis.call('HSET', KEYS[1], 'floor', attempt)
 redis.call('SREM', KEYS[2], ARGV[1])
-return existed
+return 1
 """
 
 
