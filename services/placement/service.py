@@ -102,6 +102,10 @@ class PlacementService(Service):
             await self.bus.publish(self.names.agent_cmd(ng.node), cmd, msg_id=f"{key}:start:{rank}", headers=headers)
 
     async def release(self, order: ReleaseOrder, headers: Mapping[str, str]) -> None:
+        with self.tracer.span("placement.release", headers, {"rackscale.job_id": order.job_id}):
+            await self._release(order, self.tracer.headers())
+
+    async def _release(self, order: ReleaseOrder, headers: Mapping[str, str]) -> None:
         held = await self.store.allocation(order.job_id)
         await self.store.release(order.job_id)
         if held is not None:

@@ -63,6 +63,11 @@ def job_spec(rec: JobRecord) -> JobSpec:
     return spec_of(rec.spec, rec.id, rec.submitted_at)
 
 
+def _trace(rec: JobRecord) -> dict[str, str] | None:
+    """Headers that keep a job's later orders (releases) in the job's trace."""
+    return {"traceparent": rec.trace} if rec.trace else None
+
+
 def _not_before_commit(rec: JobRecord, attempt: int) -> None:
     """Agent events and placement events come through separate consumers: a rank can report before
     the queue has seen its commit. Such an event is redelivered later instead of dropped."""
@@ -121,6 +126,7 @@ class QueueService(Service):
             self.names.orders,
             ReleaseOrder(job_id=rec.id, reason=reason, checkpoint=checkpoint),
             msg_id=f"{rec.id}:{rec.attempt}:release:{rec.state}",
+            headers=_trace(rec),
         )
 
     # -- intake --------------------------------------------------------------------------------------------
@@ -208,6 +214,7 @@ class QueueService(Service):
                 self.names.orders,
                 ReleaseOrder(job_id=rec.id, reason=f"job is {rec.state}"),
                 msg_id=f"{rec.id}:{ev.attempt}:release:stale",
+                headers=_trace(rec),
             )
             return
         if rec.state in (JobState.PLACED, JobState.RUNNING):
@@ -306,6 +313,7 @@ class QueueService(Service):
                     self.names.orders,
                     ReleaseOrder(job_id=rec.id, reason=f"node {ev.node} down"),
                     msg_id=f"{rec.id}:{attempt}:release:node",
+                    headers=_trace(new),
                 )
         self.kick.set()
 
