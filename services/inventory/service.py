@@ -288,12 +288,8 @@ class InventoryService(Service):
 
     # -- writes and events -------------------------------------------------------------------------------
     async def _save(self, rec: NodeRecord, *, changed: bool) -> None:
-        if changed:
-            await self.store.put_node(rec)
-        else:
-            # Liveness only: rewrite the record but keep topo:gen, so topology caches stay valid.
-            # (Proposed contract: a Store.touch_node(rec) doing exactly this.)
-            await self.store.r.set(self.names.node_key(rec.name), encode(rec))
+        # liveness-only writes keep topo:gen, so readers' topology caches stay valid
+        await self.store.put_node(rec, topology_changed=changed)
 
     async def _announce(self, rec: NodeRecord, reason: str, *, msg_id: str | None = None) -> NodeChanged:
         event = NodeChanged(node=rec.name, state=rec.state, reason=reason, at=self.now())
