@@ -52,7 +52,9 @@ class Bus:
     @classmethod
     async def connect(cls, url: str, names: Names, service: str) -> Bus:
         nc = await nats.connect(
-            url,
+            # nats-py takes a comma-separated list as one URL: split it, so every server (with its
+            # credentials) is in the pool (RACKSCALE_NATS_URL on a cluster)
+            [u.strip() for u in url.split(",") if u.strip()],
             name=f"rackscale-{service}",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,

@@ -51,7 +51,7 @@ class Deps:
         clock: Clock = time.time,
     ) -> Deps:
         bus = await Bus.connect(nats_url, names, service)
-        await bus.ensure_streams()
+        await bus.ensure_streams(settings.stream_replicas)
         if tracer is None:
             provider = make_provider(service, settings.trace_exporter, settings.otlp_endpoint)
             tracer = Tracer(provider, service)

@@ -144,6 +144,26 @@ class Settings:
     otlp_endpoint: str | None = _env(
         "OTEL_EXPORTER_OTLP_ENDPOINT", _text, None, "OTLP collector (standard OTel variable)", kind="URL"
     )
+    stream_replicas: int = _env(
+        "RACKSCALE_STREAM_REPLICAS",
+        _count,
+        1,
+        "JetStream replicas per stream (3 on a 3-node NATS cluster)",
+        kind="integer >= 1",
+    )
+    tokens_file: str | None = _env(
+        "RACKSCALE_TOKENS_FILE",
+        _text,
+        None,
+        "gateway: bearer tokens → tenant and role (YAML); unset: open, local use only",
+        kind="path",
+    )
+    tenants_file: str | None = _env(
+        "RACKSCALE_TENANTS_FILE", _text, None, "queue: per-tenant GPU quota and fair-share weight (YAML)", kind="path"
+    )
+    metrics_port: int = _env(
+        "RACKSCALE_METRICS_PORT", _port, 0, "port of a service's /metrics and /healthz (0: none)", kind="0-65535"
+    )
     log_level: str = _env(
         "RACKSCALE_LOG_LEVEL",
         _choice("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", fold=str.upper),

@@ -23,6 +23,10 @@ DEFAULTS: dict[str, Any] = {
     "gateway_port": 8080,
     "trace_exporter": "none",
     "otlp_endpoint": None,
+    "stream_replicas": 1,
+    "tokens_file": None,
+    "tenants_file": None,
+    "metrics_port": 0,
     "log_level": "INFO",
 }
 
