@@ -15,4 +15,4 @@ USER rackscale
 # containers must listen beyond loopback; NATS/Redis URLs come from the deployment
 ENV RACKSCALE_GATEWAY_HOST=0.0.0.0
 EXPOSE 8080 9090
-CMD ["rackscale", "--help"]
+CMD ["python", "-m", "services.gateway"]

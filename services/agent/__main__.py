@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 async def _serve(settings: Settings, nats_url: str, backend: GpuBackend, args: argparse.Namespace) -> None:
     names = settings.names()
     bus = await Bus.connect(nats_url, names, AgentService.name)
-    await bus.ensure_streams()
+    await bus.ensure_streams(settings.stream_replicas)
     tracer = Tracer(
         make_provider(AgentService.name, settings.trace_exporter, settings.otlp_endpoint), AgentService.name
     )
