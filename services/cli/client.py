@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 URL_ENV = "RACKSCALE_URL"
+TOKEN_ENV = "RACKSCALE_TOKEN"  # the caller's bearer token, when the gateway has RACKSCALE_TOKENS_FILE
 DEFAULT_URL = "http://127.0.0.1:8080"
 UP_HINT = "start it with `rackscale up` (or `python -m services.cli up`), or point --url / RACKSCALE_URL at it"
 
@@ -24,6 +25,11 @@ UP_HINT = "start it with `rackscale up` (or `python -m services.cli up`), or poi
 def default_url(env: Mapping[str, str] | None = None) -> str:
     source = os.environ if env is None else env
     return source.get(URL_ENV, "").strip() or DEFAULT_URL
+
+
+def default_token(env: Mapping[str, str] | None = None) -> str | None:
+    source = os.environ if env is None else env
+    return source.get(TOKEN_ENV, "").strip() or None
 
 
 class CliError(Exception):
@@ -72,6 +78,7 @@ class Response:
 class Client:
     base: str = DEFAULT_URL
     timeout_s: float = 10.0
+    token: str | None = None
 
     def url(self, path: str, query: Mapping[str, object] | None = None) -> str:
         url = self.base.rstrip("/") + path
@@ -89,6 +96,8 @@ class Client:
     ) -> Response:
         data = json.dumps(body).encode() if body is not None else None
         hdrs = {"Accept": "application/json", **(headers or {})}
+        if self.token:
+            hdrs["Authorization"] = f"Bearer {self.token}"
         if data is not None:
             hdrs["Content-Type"] = "application/json"
         req = urllib.request.Request(self.url(path, query), data=data, method=method, headers=hdrs)

@@ -6,7 +6,8 @@
     rackscale demo                                                   the scheduling core alone, in the terminal
     rackscale sim --trace FILE ...                                   replay a trace, compare policies
 
-Every command but `up` and `demo` talks HTTP to --url (default $RACKSCALE_URL or http://127.0.0.1:8080).
+Every command but `up` and `demo` talks HTTP to --url (default $RACKSCALE_URL or http://127.0.0.1:8080),
+with $RACKSCALE_TOKEN as its bearer token when set.
 """
 
 from __future__ import annotations
@@ -157,11 +158,11 @@ def main(argv: Sequence[str] | None = None, out: Out = _print, err: Out = _print
             ),
             out,
         )
-    from services.cli.client import Client, CliError
+    from services.cli.client import Client, CliError, default_token
     from services.cli.commands import COMMANDS
 
     try:
-        return COMMANDS[args.command](args, Client(args.url), out)
+        return COMMANDS[args.command](args, Client(args.url, token=default_token()), out)
     except CliError as e:
         err(str(e))
         return 1

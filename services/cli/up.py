@@ -95,6 +95,12 @@ def banner(gateway_url: str, opts: UpOptions, settings: Settings, embedded: dict
         f"  gateway  {gateway_url}   (API description: {gateway_url}/openapi.json)",
         f"  NATS     {settings.nats_url}" + (" (embedded)" if embedded["nats"] else ""),
         f"  Redis    {settings.redis_url}" + (" (embedded)" if embedded["redis"] else ""),
+        (
+            f"  access   bearer tokens from {settings.tokens_file}"
+            if settings.tokens_file
+            else "  access   OPEN: no RACKSCALE_TOKENS_FILE, so anyone who can reach the gateway may do anything "
+            "(local use only)"
+        ),
         "",
         "Try, from another terminal:",
         f"  python -m services.cli submit --gpus 64 --name demo --tenant me --duration 30{url_flag}",

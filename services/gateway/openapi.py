@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from services.gateway import views
+from services.gateway.auth import PUBLIC_PATHS, SCHEME
 from shared.schemas import JobBody, JobEvent, JobState, NodeChanged
 
 REF = "#/components/schemas/{name}"
@@ -79,6 +80,7 @@ def _admin(action: str) -> dict[str, Any]:
         "responses": {
             "200": _json("NodeAdminResult", "the node's state after the change"),
             "400": _error("body is not a JSON object"),
+            "403": _error("not an admin token"),
             "404": _error("unknown node"),
             "409": _error("inventory refused the change"),
             "422": _error("invalid body"),
@@ -98,6 +100,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             "202": _json("Accepted", "accepted: the job is pending"),
             "200": _json("JobView", "an earlier submit with this Idempotency-Key: the job as it is now"),
             "400": _error("not JSON, not an object, or a bad Idempotency-Key"),
+            "403": _error("a user token submitting for another tenant"),
             "413": {"description": "body larger than 1 MiB"},
             "422": _error("invalid job; `field` names the offending input"),
             "503": _error("the bus or Redis is unavailable"),
@@ -115,7 +118,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "Read a job (also after it ended)",
         "tags": ["jobs"],
         "parameters": [_JOB_ID],
-        "responses": {"200": _json("JobView", "the job"), "404": _error("unknown job")},
+        "responses": {"200": _json("JobView", "the job"), "404": _error("unknown job, or another tenant's")},
     },
     ("delete", "/v1/jobs/{id}"): {
         "operationId": "cancelJob",
@@ -124,7 +127,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "parameters": [_JOB_ID],
         "responses": {
             "202": _json("Accepted", "the cancel is on its way (state: cancelling)"),
-            "404": _error("unknown job"),
+            "404": _error("unknown job, or another tenant's"),
             "409": _error("the job already ended"),
             "503": _error("the bus is unavailable"),
         },
@@ -181,6 +184,11 @@ def document() -> dict[str, Any]:
     components.setdefault("JobState", {"enum": [s.value for s in JobState]})
     paths: dict[str, dict[str, Any]] = {}
     for (method, path), op in OPERATIONS.items():
+        op = dict(op)
+        if path in PUBLIC_PATHS:
+            op["security"] = []  # probes and scrapers carry no token
+        else:
+            op["responses"] = {**op["responses"], "401": _error("missing, malformed or unknown bearer token")}
         paths.setdefault(path, {})[method] = op
     return {
         "openapi": "3.1.0",
@@ -191,5 +199,16 @@ def document() -> dict[str, Any]:
         },
         "jsonSchemaDialect": "https://spec.openapis.org/oas/3.1/dialect/base",
         "paths": paths,
-        "components": {"schemas": components},
+        # Bearer tokens map to a tenant and a role (services/gateway/auth.py); with no tokens file the API is open.
+        "security": [{SCHEME: []}],
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                SCHEME: {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "A token from RACKSCALE_TOKENS_FILE: users act within their tenant, admins on all.",
+                }
+            },
+        },
     }

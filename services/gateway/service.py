@@ -22,7 +22,8 @@ import redis.exceptions
 from aiohttp import web
 from nats.aio.msg import Msg
 
-from services.gateway import openapi, views
+from services.gateway import auth, openapi, views
+from services.gateway.auth import Principal, Tokens
 from services.gateway.validation import (
     ApiError,
     check_shape,
@@ -154,6 +155,9 @@ class Gateway:
         body = decode_job(await request.read())
         if isinstance(body, ApiError):
             return api_error(body)
+        who = auth.principal(request)
+        if not who.may_see(body.tenant):
+            return error_response(403, f"this token submits as tenant {who.tenant}, not {body.tenant}", "tenant")
         key = request.headers.get("Idempotency-Key")
         if key is not None:
             if not 1 <= len(key) <= 255 or not key.isprintable():
@@ -184,9 +188,16 @@ class Gateway:
         snap = await self.snapshot()
         return json_response(views.job_view(rec, snap.domain_of), 200, headers={"Location": f"/v1/jobs/{rec.id}"})
 
-    async def get_job(self, request: web.Request) -> web.Response:
+    async def _visible_job(self, request: web.Request) -> tuple[str, JobRecord | None]:
+        """The job named in the path, or None when it doesn't exist or belongs to a tenant the caller can't see."""
         job_id = request.match_info["id"]
         rec = await self.deps.store.get_job(job_id)
+        if rec is not None and not auth.principal(request).may_see(rec.spec.tenant):
+            rec = None  # 404, not 403: another tenant's ids don't leak
+        return job_id, rec
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        job_id, rec = await self._visible_job(request)
         if rec is None:
             return error_response(404, f"unknown job {job_id}")
         snap = await self.snapshot()
@@ -212,15 +223,19 @@ class Gateway:
                 return error_response(422, f"{name}: must be {bound}, got {value}", name)
             page[name] = value
         tenant = q.get("tenant") or None
+        who = auth.principal(request)
+        if not who.admin:
+            if tenant is not None and tenant != who.tenant:
+                return json_response(views.JobList(jobs=[], total=0, **page))  # nothing of theirs is visible
+            tenant = who.tenant
         recs, total = await self.deps.store.list_jobs(tenant=tenant, state=state, **page)
         snap = await self.snapshot()
         jobs = [views.job_view(r, snap.domain_of) for r in recs]
         return json_response(views.JobList(jobs=jobs, total=total, **page))
 
     async def cancel(self, request: web.Request) -> web.Response:
-        job_id = request.match_info["id"]
         # A job the queue hasn't recorded yet is unknown here: cancel after the submit is visible.
-        rec = await self.deps.store.get_job(job_id)
+        job_id, rec = await self._visible_job(request)
         if rec is None:
             return error_response(404, f"unknown job {job_id}")
         if rec.state in TERMINAL:
@@ -237,7 +252,12 @@ class Gateway:
         store = self.deps.store
         gen = await store.topology_generation()
         nodes, allocs = await asyncio.gather(store.nodes(), store.allocations())
-        return json_response(views.cluster_view(nodes, allocs, gen))
+        view = views.cluster_view(nodes, allocs, gen)
+        who = auth.principal(request)
+        if not who.admin:
+            recs = await store.get_jobs([a.job_id for a in allocs])
+            view = views.redact_cluster(view, {r.id for r in recs if r.spec.tenant == who.tenant})
+        return json_response(view)
 
     async def drain(self, request: web.Request) -> web.Response:
         return await self._admin(request, "drain")
@@ -247,6 +267,8 @@ class Gateway:
 
     async def _admin(self, request: web.Request, action: Literal["drain", "undrain"]) -> web.Response:
         node = request.match_info["id"]
+        if not auth.principal(request).admin:
+            return error_response(403, f"only an admin token may {action} nodes")
         data = await request.read()
         body: views.DrainBody | ApiError = views.DrainBody()
         if data.strip():
@@ -274,12 +296,15 @@ class Gateway:
     async def events(self, request: web.Request) -> web.StreamResponse:
         """SSE of JobEvent and NodeChanged, from plain core subscriptions (nothing durable per client)."""
         stream = _Stream()
+        who: Principal = auth.principal(request)
 
         async def on_msg(m: Msg) -> None:
             try:
                 ev = EVENTS.decode(m.data)
             except msgspec.DecodeError:
                 return  # not ours to dead-letter: the durable consumers of these subjects do that
+            if isinstance(ev, JobEvent) and not who.may_see(ev.tenant):
+                return
             kind = b"job" if isinstance(ev, JobEvent) else b"node" if isinstance(ev, NodeChanged) else None
             if kind is not None:
                 stream.push(b"event: " + kind + b"\ndata: " + _json.encode(ev) + b"\n\n")
@@ -374,9 +399,33 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 GATEWAY = web.AppKey("gateway", Gateway)
 
 
-def build_app(deps: Deps, *, keepalive_s: float = 15.0, admin_timeout_s: float = 2.0) -> web.Application:
+def load_tokens(deps: Deps) -> Tokens | None:
+    """The tokens of RACKSCALE_TOKENS_FILE; None (open mode) when it is unset."""
+    path = deps.settings.tokens_file
+    if not path:
+        log.warning("no RACKSCALE_TOKENS_FILE: the API is open to anyone who can reach it (local use only)")
+        return None
+    tokens = Tokens.load(path)
+    log.info("gateway: %d bearer tokens from %s", len(tokens), path)
+    return tokens
+
+
+_FROM_SETTINGS: Any = object()
+
+
+def build_app(
+    deps: Deps,
+    *,
+    keepalive_s: float = 15.0,
+    admin_timeout_s: float = 2.0,
+    tokens: Tokens | None = _FROM_SETTINGS,
+) -> web.Application:
+    """The application; `tokens` default: from settings (None: open mode)."""
     gw = Gateway(deps, keepalive_s=keepalive_s, admin_timeout_s=admin_timeout_s)
-    app = web.Application(middlewares=[errors_as_json], client_max_size=MAX_BODY)
+    if tokens is _FROM_SETTINGS:
+        tokens = load_tokens(deps)
+    # errors_as_json outermost: whatever the auth layer or a handler raises still answers an ErrorBody
+    app = web.Application(middlewares=[errors_as_json, auth.middleware(tokens)], client_max_size=MAX_BODY)
     app[GATEWAY] = gw
     spec = msgspec.json.encode(openapi.document())
     for method, path, handler in routes(gw, spec):

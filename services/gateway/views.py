@@ -197,3 +197,17 @@ def cluster_view(nodes: list[NodeRecord], allocations: list[AllocationRecord], g
     ]
     overall = _utilisation(f for fs in flags.values() for f in fs)
     return ClusterView(generation=generation, domains=domains, allocations=allocs, utilisation=overall)
+
+
+OTHER_TENANT = "(other tenant)"
+
+
+def redact_cluster(view: ClusterView, mine: set[str]) -> ClusterView:
+    """The cluster as a user sees it: GPUs of other tenants' jobs show as busy but unnamed, their allocations go."""
+    for d in view.domains:
+        for n in d.nodes:
+            for g in n.gpus:
+                if g.job is not None and g.job not in mine:
+                    g.job = OTHER_TENANT
+    view.allocations = [a for a in view.allocations if a.job_id in mine]
+    return view

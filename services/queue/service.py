@@ -51,6 +51,7 @@ from shared.schemas import (
     Released,
     ReleaseOrder,
 )
+from shared.tenants import tenants_from_settings
 
 log = logging.getLogger("rackscale.queue")
 
@@ -80,7 +81,8 @@ class QueueService(Service):
 
     def __init__(self, deps: Deps, config: CycleConfig | None = None) -> None:
         super().__init__(deps)
-        self.scheduler = Scheduler(config or CycleConfig(policy=deps.settings.policy))
+        tenants = tenants_from_settings(deps.settings)  # quotas and weights (RACKSCALE_TENANTS_FILE)
+        self.scheduler = Scheduler(config or CycleConfig(policy=deps.settings.policy, tenants=tenants))
         self.kick = asyncio.Event()
         self.instance = uuid.uuid4().hex[:12]
         self.cycles = 0

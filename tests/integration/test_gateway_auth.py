@@ -1,0 +1,211 @@
+"""Access control in the gateway, against real NATS JetStream and Redis: bearer tokens → tenant and role.
+
+Job records and allocations are written with the Store the way the queue and placement write them; the
+drain answer comes from a tiny responder on names.node_admin (as in test_gateway.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+import pytest
+import pytest_asyncio
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from nats.aio.msg import Msg
+
+from services.gateway.auth import Tokens
+from services.gateway.service import build_app
+from services.gateway.views import OTHER_TENANT
+from shared.names import Names
+from shared.runtime import Deps
+from shared.schemas import NODE_ADMIN, AdminReply, AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, encode
+from shared.settings import Settings
+from shared.tracing import noop_tracer
+from tests.integration.conftest import delete_nats_namespace, delete_redis_namespace
+
+pytestmark = pytest.mark.asyncio
+
+ALICE, BOB, ADMIN = "alice-token-0123456789", "bob-token-0123456789ab", "admin-token-0123456789"
+TOKENS_YAML = f"""
+tokens:
+  - {{token: "{ALICE}", tenant: alice, role: user}}
+  - {{token: "{BOB}", tenant: bob, role: user}}
+  - {{token: "{ADMIN}", tenant: ops, role: admin}}
+"""
+Client = TestClient[web.Request, web.Application]
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@dataclass
+class Gw:
+    client: Client
+    deps: Deps
+    names: Names
+
+    async def count(self, subject: str) -> int:
+        info = await self.deps.bus.js.stream_info(self.names.stream_for(subject), subjects_filter=subject)
+        return sum((info.state.subjects or {}).values())
+
+    async def job(self, job_id: str, tenant: str, state: JobState = JobState.RUNNING) -> None:
+        spec = JobBody(name=f"job-{job_id}", tenant=tenant, gpus=4)
+        await self.deps.store.put_job(JobRecord(id=job_id, spec=spec, state=state), new=True)
+
+
+@pytest_asyncio.fixture
+async def gw(nats_url: str, redis_url: str, namespace: str, tmp_path: Path) -> AsyncIterator[Gw]:
+    names = Names(prefix=namespace)
+    deps = await Deps.connect(Settings(), "gateway", nats_url, redis_url, names, tracer=noop_tracer("gateway"))
+    path = tmp_path / "tokens.yaml"
+    path.write_text(TOKENS_YAML)
+    app = build_app(deps, keepalive_s=0.3, admin_timeout_s=0.5, tokens=Tokens.load(path))
+
+    async def inventory(m: Msg) -> None:  # stands in for inventory's drain handler
+        ask = NODE_ADMIN.decode(m.data)
+        await m.respond(encode(AdminReply(ok=True, state="draining" if ask.action == "drain" else "up")))
+
+    sub = await deps.bus.nc.subscribe(names.node_admin, cb=inventory)
+    try:
+        async with TestClient(TestServer(app)) as client:
+            yield Gw(client, deps, names)
+    finally:
+        await sub.unsubscribe()
+        await deps.close()
+        await delete_nats_namespace(nats_url, namespace.upper())
+        await delete_redis_namespace(redis_url, namespace)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/v1/jobs"), ("GET", "/v1/jobs/x"), ("DELETE", "/v1/jobs/x"), ("POST", "/v1/jobs"),
+     ("GET", "/v1/cluster"), ("POST", "/v1/nodes/n1/drain"), ("GET", "/v1/events")],
+)  # fmt: skip
+@pytest.mark.parametrize(
+    "headers",
+    [{}, bearer("not-a-token-of-ours-at-all"), {"Authorization": f"Basic {ALICE}"}, {"Authorization": "Bearer "}],
+    ids=["missing", "unknown", "not-bearer", "empty"],
+)
+async def test_no_valid_token_is_401_with_a_json_error(gw: Gw, method: str, path: str, headers: dict[str, str]) -> None:
+    resp = await gw.client.request(method, path, headers=headers, json={"name": "x", "tenant": "alice", "gpus": 4})
+    assert resp.status == 401
+    assert resp.content_type == "application/json"
+    body = await resp.json()
+    assert isinstance(body["error"], str) and body["error"]
+    assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+    assert await gw.count(gw.names.job_submit) == 0
+
+
+async def test_probes_and_the_api_description_need_no_token(gw: Gw) -> None:
+    for path in ("/healthz", "/readyz", "/openapi.json"):
+        assert (await gw.client.get(path)).status == 200, path
+
+
+async def test_a_user_cannot_read_or_cancel_another_tenants_job(gw: Gw) -> None:
+    await gw.job("bob1", "bob")
+    await gw.job("alice1", "alice")
+    unknown = await gw.client.get("/v1/jobs/nosuchjob", headers=bearer(ALICE))
+    other = await gw.client.get("/v1/jobs/bob1", headers=bearer(ALICE))
+    assert (unknown.status, other.status) == (404, 404)
+    # the same answer as for an id that doesn't exist: nothing says the job is there
+    assert (await other.json())["error"] == (await unknown.json())["error"].replace("nosuchjob", "bob1")
+
+    cancel = await gw.client.delete("/v1/jobs/bob1", headers=bearer(ALICE))
+    assert cancel.status == 404
+    assert await gw.count(gw.names.job_cancel) == 0, "nothing reached the bus"
+
+    assert (await gw.client.get("/v1/jobs/alice1", headers=bearer(ALICE))).status == 200
+    assert (await gw.client.get("/v1/jobs/bob1", headers=bearer(BOB))).status == 200
+    assert (await gw.client.get("/v1/jobs/bob1", headers=bearer(ADMIN))).status == 200
+    assert (await gw.client.delete("/v1/jobs/alice1", headers=bearer(ALICE))).status == 202
+    assert (await gw.client.delete("/v1/jobs/bob1", headers=bearer(ADMIN))).status == 202
+    assert await gw.count(gw.names.job_cancel) == 2
+
+
+async def test_a_user_lists_only_its_tenants_jobs(gw: Gw) -> None:
+    for i in range(3):
+        await gw.job(f"a{i}", "alice")
+        await gw.job(f"b{i}", "bob")
+
+    async def ids(token: str, **query: str) -> tuple[set[str], int]:
+        resp = await gw.client.get("/v1/jobs", params=query, headers=bearer(token))
+        assert resp.status == 200
+        page = await resp.json()
+        return {j["id"] for j in page["jobs"]}, page["total"]
+
+    assert await ids(ALICE) == ({"a0", "a1", "a2"}, 3)
+    assert await ids(ALICE, tenant="bob") == (set(), 0)
+    assert await ids(ALICE, tenant="alice") == ({"a0", "a1", "a2"}, 3)
+    assert (await ids(ADMIN))[1] == 6
+    assert await ids(ADMIN, tenant="bob") == ({"b0", "b1", "b2"}, 3)
+
+
+async def test_a_user_submits_only_as_its_tenant(gw: Gw) -> None:
+    job = {"name": "x", "gpus": 4}
+    assert (await gw.client.post("/v1/jobs", json={**job, "tenant": "bob"}, headers=bearer(ALICE))).status == 403
+    assert await gw.count(gw.names.job_submit) == 0
+    assert (await gw.client.post("/v1/jobs", json={**job, "tenant": "alice"}, headers=bearer(ALICE))).status == 202
+    assert (await gw.client.post("/v1/jobs", json={**job, "tenant": "bob"}, headers=bearer(ADMIN))).status == 202
+    assert await gw.count(gw.names.job_submit) == 2
+
+
+async def test_only_an_admin_drains(gw: Gw) -> None:
+    user = await gw.client.post("/v1/nodes/n1/drain", headers=bearer(ALICE))
+    assert user.status == 403 and (await user.json())["error"]
+    admin = await gw.client.post("/v1/nodes/n1/drain", headers=bearer(ADMIN), json={"reason": "tray swap"})
+    assert admin.status == 200, await admin.text()
+    assert await admin.json() == {"node": "n1", "state": "draining"}
+    assert (await gw.client.post("/v1/nodes/n1/undrain", headers=bearer(BOB))).status == 403
+
+
+async def test_the_cluster_view_hides_other_tenants_jobs(gw: Gw) -> None:
+    from shared.schemas import NodeRecord
+
+    await gw.deps.store.put_node(NodeRecord(name="n1", domain="d0"))
+    await gw.job("a1", "alice")
+    await gw.job("b1", "bob")
+    for job_id, gpus in (("a1", [0, 1]), ("b1", [2, 3])):
+        rec = AllocationRecord(job_id=job_id, attempt=1, nodes=[NodeGpus(node="n1", gpus=gpus)], committed_at=0.0)
+        assert (await gw.deps.store.commit(rec)).ok
+
+    async def owners(token: str) -> tuple[list[Any], set[str]]:
+        view = await (await gw.client.get("/v1/cluster", headers=bearer(token))).json()
+        gpus = [g["job"] for d in view["domains"] for n in d["nodes"] for g in n["gpus"]]
+        return gpus, {a["job_id"] for a in view["allocations"]}
+
+    assert await owners(ALICE) == (["a1", "a1", OTHER_TENANT, OTHER_TENANT], {"a1"})
+    assert await owners(ADMIN) == (["a1", "a1", "b1", "b1"], {"a1", "b1"})
+
+
+async def test_events_carry_only_the_callers_tenant(gw: Gw) -> None:
+    from shared.schemas import JobEvent
+
+    got: list[bytes] = []
+
+    async def listen() -> None:
+        async with gw.client.get("/v1/events", headers=bearer(ALICE)) as resp:
+            assert resp.status == 200
+            async for line in resp.content:
+                got.append(line)
+                if b"alice-done" in line:
+                    return
+
+    task = asyncio.create_task(listen())
+    await asyncio.sleep(0.3)  # subscribed (the stream flushes before it answers)
+    for job_id, tenant in (("bob-x", "bob"), ("alice-done", "alice")):
+        ev = JobEvent(job_id=job_id, state=JobState.RUNNING, reason="", at=0.0, attempt=1, nodes=[], tenant=tenant)
+        await gw.deps.bus.publish(gw.names.job_event(job_id), ev)
+    try:
+        await asyncio.wait_for(task, 5)
+    except (TimeoutError, nats.errors.Error):
+        task.cancel()
+        raise
+    text = b"".join(got)
+    assert b"alice-done" in text and b"bob-x" not in text
