@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from shared.bus import Bus
+from shared.metrics import OpsServer, ServiceMetrics
 from shared.names import Names
 from shared.settings import Settings
 from shared.store import Store
@@ -37,6 +38,15 @@ class Deps:
     store: Store
     tracer: Tracer
     clock: Clock = field(default=time.time)
+    metrics: ServiceMetrics | None = None  # made from the bus and tracer when not given
+
+    def __post_init__(self) -> None:
+        if self.metrics is None:
+            # the shell counts for every service: span timings from its tracer, dead letters from its bus
+            self.metrics = ServiceMetrics(self.bus.service)
+            bus = self.bus
+            self.metrics.watch_dead_letters(lambda: bus.dead_letters)
+            self.tracer.provider.add_span_processor(self.metrics.span_processor())
 
     @classmethod
     async def connect(
@@ -126,6 +136,19 @@ class Service:
     async def wait(self) -> None:
         await self.stop_event.wait()
 
+    # -- operations: /metrics and /healthz (OpsServer) ----------------------------------------------------
+    def healthy(self) -> bool:
+        """Live while no loop has ended (a crashed loop ends; the orchestrator restarts the process)."""
+        return not any(t.done() for t in self._tasks)
+
+    async def extra_metrics(self) -> bytes:
+        """Exposition text the service adds to the shell's metrics (the gateway: the cluster's figures)."""
+        return b""
+
+    async def metrics_text(self) -> bytes:
+        assert self.deps.metrics is not None
+        return self.deps.metrics.render() + await self.extra_metrics()
+
 
 async def run(service: Service) -> None:
     """Run until SIGTERM/SIGINT, then drain gracefully."""
@@ -133,11 +156,17 @@ async def run(service: Service) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, service.stop_event.set)
+    ops: OpsServer | None = None
+    port = service.deps.settings.metrics_port
+    if port:
+        ops = await OpsServer(service.metrics_text, service.healthy, port=port).start()
     await service.start()
     log.info("%s started", service.name)
     await service.wait()
     log.info("%s stopping", service.name)
     await service.stop()
+    if ops is not None:
+        await ops.stop()
     await service.deps.close()
 
 

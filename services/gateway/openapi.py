@@ -170,6 +170,12 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "tags": ["meta"],
         "responses": {"200": _json("Health", "up")},
     },
+    ("get", "/metrics"): {
+        "operationId": "metrics",
+        "summary": "Prometheus metrics: this process's and the cluster's (jobs, queue, GPUs per domain, fragmentation)",
+        "tags": ["meta"],
+        "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {}}}}},
+    },
     ("get", "/readyz"): {
         "operationId": "readyz",
         "summary": "Readiness: NATS connected and Redis answers PING",

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 
 from services.gateway import auth, openapi, views
 from services.gateway.auth import Principal, Tokens
+from services.gateway.metrics import cluster_metrics
 from services.gateway.validation import (
     ApiError,
     check_shape,
@@ -33,6 +34,7 @@ from services.gateway.validation import (
     topology_from_nodes,
 )
 from shared.core import Topology, TopologyError
+from shared.metrics import metrics_response
 from shared.runtime import Deps, Service
 from shared.schemas import (
     ADMIN_REPLY,
@@ -356,6 +358,11 @@ class Gateway:
             views.Health(status="ok" if ok else "unavailable", nats=nats_ok, redis=redis_ok), 200 if ok else 503
         )
 
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The shell's metrics of this process and the cluster's figures from Redis (Prometheus text)."""
+        assert self.deps.metrics is not None
+        return metrics_response(self.deps.metrics.render() + await cluster_metrics(self.deps))
+
 
 def routes(gw: Gateway, spec: bytes) -> list[tuple[str, str, Handler]]:
     async def openapi_json(request: web.Request) -> web.Response:
@@ -373,6 +380,7 @@ def routes(gw: Gateway, spec: bytes) -> list[tuple[str, str, Handler]]:
         ("GET", "/openapi.json", openapi_json),
         ("GET", "/healthz", gw.healthz),
         ("GET", "/readyz", gw.readyz),
+        ("GET", "/metrics", gw.metrics),
     ]
 
 
@@ -452,6 +460,9 @@ class GatewayService(Service):
         addresses = self._runner.addresses
         self.port = addresses[0][1] if addresses else None
         log.info("gateway listening on %s:%s", s.gateway_host, self.port)
+
+    async def extra_metrics(self) -> bytes:
+        return await cluster_metrics(self.deps)
 
     async def on_stop(self) -> None:
         if self._runner is not None:
