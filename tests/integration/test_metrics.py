@@ -8,8 +8,11 @@ figures and the API's answers describe the same moment.
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +23,8 @@ from shared.metrics import OpsServer
 from tests.e2e.conftest import E2E, StackFactory, open_stack, wait_until  # noqa: F401 (open_stack: a fixture)
 
 pytestmark = pytest.mark.asyncio
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dashboards" / "rackscale.json"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -142,6 +147,12 @@ async def test_metrics_match_the_api_after_a_workload(system: tuple[E2E, dict[st
     assert value(per["gateway"], "rackscale_span_seconds_count", span="gateway.submit") == len(jobs)
     assert "rackscale_gpus" in {n for n, _ in per["gateway"]}, "the gateway's ops port serves the cluster too"
     assert "rackscale_gpus" not in {n for n, _ in per["queue"]}, "only the gateway exports cluster figures"
+
+    # every metric the Grafana dashboard queries is one the services export
+    exported = {n for samples in (gateway, *per.values()) for n, _ in samples}
+    dashboard = json.loads(DASHBOARD.read_text())
+    queried = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"rackscale_\w+", t["expr"])}
+    assert queried and queried <= exported, f"the dashboard queries metrics nobody exports: {queried - exported}"
 
 
 async def test_a_service_process_serves_metrics_and_health_on_its_port(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -285,3 +286,28 @@ def test_k8s_services_target_named_ports() -> None:
         names = {p["name"] for c in pods[0]["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
         for port in svc["spec"]["ports"]:
             assert port["targetPort"] in names
+
+
+def test_every_file_compose_mounts_exists() -> None:
+    for name, service in COMPOSE["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts missing {source}"
+
+
+def test_prometheus_scrapes_every_service_on_its_metrics_port() -> None:
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    (sd,) = [sd for job in config["scrape_configs"] for sd in job["dns_sd_configs"]]
+    services = rackscale_services()
+    assert set(sd["names"]) == set(services)
+    for name, service in services.items():
+        assert Settings.from_env(env_of(service)).metrics_port == sd["port"], name
+
+
+def test_grafana_dashboard_queries_name_metrics() -> None:
+    dash = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "rackscale.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    assert exprs and all("rackscale_" in e for e in exprs)
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+    # that each name is one the services export is checked against a live scrape in tests/integration/test_metrics.py
