@@ -10,7 +10,9 @@ A user sees, lists and cancels only its tenant's jobs (another tenant's job is a
 exist, so ids don't leak) and submits only as its tenant; an admin sees everything and drains nodes.
 No file: the gateway runs open (every caller is an admin), for local use only — `rackscale up` says so.
 
-`/healthz`, `/readyz`, `/metrics` and `/openapi.json` stay open: probes and scrapers carry no token.
+`/healthz`, `/readyz` and `/openapi.json` stay open: probes carry no token. `/metrics` on the API port names
+every tenant, so it takes an admin token; Prometheus scrapes the unauthenticated ops port
+(RACKSCALE_METRICS_PORT), which is reachable only inside the cluster network.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from services.gateway.views import ErrorBody
 
 log = logging.getLogger("rackscale.gateway.auth")
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
 SCHEME = "bearer"  # the OpenAPI security scheme's name
 PRINCIPAL = web.RequestKey("principal", object)  # Principal, or OPEN in open mode
 

@@ -174,7 +174,10 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "operationId": "metrics",
         "summary": "Prometheus metrics: this process's and the cluster's (jobs, queue, GPUs per domain, fragmentation)",
         "tags": ["meta"],
-        "responses": {"200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {}}}}},
+        "responses": {
+            "200": {"description": "Prometheus text format", "content": {"text/plain": {"schema": {}}}},
+            "403": _error("not an admin token (they span every tenant)"),
+        },
     },
     ("get", "/readyz"): {
         "operationId": "readyz",

@@ -360,6 +360,8 @@ class Gateway:
 
     async def metrics(self, request: web.Request) -> web.Response:
         """The shell's metrics of this process and the cluster's figures from Redis (Prometheus text)."""
+        if not auth.principal(request).admin:
+            return error_response(403, "metrics span every tenant: an admin token reads them")
         assert self.deps.metrics is not None
         return metrics_response(self.deps.metrics.render() + await cluster_metrics(self.deps))
 

@@ -108,6 +108,13 @@ async def test_probes_and_the_api_description_need_no_token(gw: Gw) -> None:
         assert (await gw.client.get(path)).status == 200, path
 
 
+async def test_metrics_on_the_api_port_take_an_admin_token(gw: Gw) -> None:
+    assert (await gw.client.get("/metrics")).status == 401
+    assert (await gw.client.get("/metrics", headers=bearer(ALICE))).status == 403
+    resp = await gw.client.get("/metrics", headers=bearer(ADMIN))
+    assert resp.status == 200 and "rackscale_queue_depth" in await resp.text()
+
+
 async def test_a_user_cannot_read_or_cancel_another_tenants_job(gw: Gw) -> None:
     await gw.job("bob1", "bob")
     await gw.job("alice1", "alice")
