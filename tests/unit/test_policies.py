@@ -13,8 +13,8 @@ The rules (shared/core/policies/*.py docstrings):
   index order; segments greedily one at a time; bigger jobs without segment: aligned 2^L domain groups
   (smallest L whose size holds the job, fewest free, ties highest start).
 - rackscale: per domain choice, lowest (slot loss, stranded, free left) with slot loss
-  ``cap // P - left // P``, P = max(18 - 2, largest waiting run); ties: fewer degraded GPUs used,
-  closest end time, lowest index. Segments scored as whole layouts. preferred: one domain else fewest
+  ``cap // P - left // P``, P = max(18 - 2, largest waiting run); ties: fewer degraded GPUs used, lowest
+  index (never the running jobs' estimated ends). Segments scored as whole layouts. preferred: one domain else fewest
   domains; none: one domain if it breaks no run, else smallest fragments first. Degraded GPUs/nodes last;
   partial jobs best fit onto the fullest node.
 """
@@ -353,13 +353,13 @@ CASES = [
     # three equal domains: tree/rackscale lowest index, block highest
     Case("s6-req-4nodes-tie", S6, J(16), E(flat="d00-n14..17", tree="d00-n14..17", block="d02-n14..17",
                                            rackscale="d00-n14..17")),
-    # rackscale: running jobs end at 100 / 500 / 1000, this one at 450 -> closest d01
+    # running jobs end at 100 / 500 / 1000 (estimates), this one at 450: rackscale ignores the estimates -> d00
     Case("s6-req-4nodes-end-450", S6, J(16), E(flat="d00-n14..17", tree="d00-n14..17", block="d02-n14..17",
-                                               rackscale="d01-n14..17"),
+                                               rackscale="d00-n14..17"),
          job_end=450.0, ends={"d00": 100.0, "d01": 500.0, "d02": 1000.0}),
-    # ... at 900 -> closest d02
+    # ... at 900: still d00 (packing order, not the closest estimated end)
     Case("s6-req-4nodes-end-900", S6, J(16), E(flat="d00-n14..17", tree="d00-n14..17", block="d02-n14..17",
-                                               rackscale="d02-n14..17"),
+                                               rackscale="d00-n14..17"),
          job_end=900.0, ends={"d00": 100.0, "d01": 500.0, "d02": 1000.0}),
     # rackscale: d00 would use degraded d00-n14 -> d01 (lowest of the clean ones); others ignore health
     Case("s6-degraded-free-4nodes", S6_DEGRADED_FREE, J(16), E(flat="d00-n14..17", tree="d00-n14..17",
