@@ -54,31 +54,57 @@ def _segments(text: str) -> tuple[tuple[int, int], ...]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from shared.sim.traces import FORMATS
 
-    p.add_argument("--trace", action="append", required=True, metavar="PATH",
-                   help="trace file or real-trace folder; repeat to mix traces (e.g. kalos and philly)")
-    p.add_argument("--format", action="append", choices=FORMATS, default=None,
-                   help="trace format per --trace (default: detected from the header)")
-    p.add_argument("--window-days", action="append", type=_window, default=None, metavar="A:B",
-                   help="use only jobs submitted in trace days [A, B) (per --trace, in order)")
+    p.add_argument(
+        "--trace",
+        action="append",
+        required=True,
+        metavar="PATH",
+        help="trace file or real-trace folder; repeat to mix traces (e.g. kalos and philly)",
+    )
+    p.add_argument(
+        "--format",
+        action="append",
+        choices=FORMATS,
+        default=None,
+        help="trace format per --trace (default: detected from the header)",
+    )
+    p.add_argument(
+        "--window-days",
+        action="append",
+        type=_window,
+        default=None,
+        metavar="A:B",
+        help="use only jobs submitted in trace days [A, B) (per --trace, in order)",
+    )
     p.add_argument("--limit", type=int, default=None, help="first N jobs of each trace (smoke runs)")
     p.add_argument("--domains", type=int, default=32, help="NVLink domains in the fleet (default 32)")
     p.add_argument("--nodes-per-domain", type=int, default=18)
     p.add_argument("--gpus-per-node", type=int, default=4)
     p.add_argument("--domains-per-leaf", type=int, default=None, help="group domains under leaf switches")
     p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated, of {', '.join(sorted(POLICIES))}")
-    p.add_argument("--load", type=float, default=None,
-                   help="scale submit times so the trace offers this many times the fleet's capacity")
+    p.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        help="scale submit times so the trace offers this many times the fleet's capacity",
+    )
     p.add_argument("--seed", type=int, default=1, help="one seed (estimates, checkpointable draws, failures)")
     p.add_argument("--seeds", type=_ints, default=None, help="several seeds, e.g. 1,2,3,4,5: mean and spread")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--failures", choices=("on", "off"), default="on")
     p.add_argument("--mtbf-days", type=float, default=60.0, help="mean time between failures per node")
     p.add_argument("--repair-hours", type=float, default=24.0, help="mean repair time")
-    p.add_argument("--comm-share", type=float, default=0.05,
-                   help="share of step time in NVLink collectives (slowdown model)")
+    p.add_argument(
+        "--comm-share", type=float, default=0.05, help="share of step time in NVLink collectives (slowdown model)"
+    )
     p.add_argument("--bandwidth-ratio", type=float, default=36.0, help="NVLink / scale-out bandwidth per GPU")
-    p.add_argument("--segments", type=_segments, default=None, metavar="G:S,...",
-                   help="segment size by job size: from G GPUs segment S nodes (default 32:4,65:16)")
+    p.add_argument(
+        "--segments",
+        type=_segments,
+        default=None,
+        metavar="G:S,...",
+        help="segment size by job size: from G GPUs segment S nodes (default 32:4,65:16)",
+    )
     p.add_argument("--nvlink-min-gpus", type=int, default=8, help="jobs of this many GPUs or more need NVLink")
     p.add_argument("--exact-estimates", action="store_true", help="the scheduler sees true runtimes")
     p.add_argument("--estimate-sigma", type=float, default=0.5)
@@ -87,18 +113,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reservations", type=int, default=4)
     p.add_argument("--no-backfill", action="store_true")
     p.add_argument("--no-preemption", action="store_true")
-    p.add_argument("--cycle-interval", type=float, default=30.0,
-                   help="simulated seconds between scheduling cycles (0: a cycle at every event time)")
-    p.add_argument("--queue-depth", type=int, default=100,
-                   help="oldest pending jobs per tenant each cycle tests (0: all)")
+    p.add_argument(
+        "--cycle-interval",
+        type=float,
+        default=30.0,
+        help="simulated seconds between scheduling cycles (0: a cycle at every event time)",
+    )
+    p.add_argument(
+        "--queue-depth", type=int, default=100, help="oldest pending jobs per tenant each cycle tests (0: all)"
+    )
     p.add_argument("--workers", type=int, default=1, help="runs in parallel processes")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("sim", help="replay a job trace on a modelled fleet and compare policies",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "sim",
+        help="replay a job trace on a modelled fleet and compare policies",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
 
 
@@ -159,8 +194,7 @@ def build_experiment(args: argparse.Namespace) -> Any:
     sim = SimConfig(
         fleet=FleetConfig(args.domains, args.nodes_per_domain, args.gpus_per_node, args.domains_per_leaf),
         failures=FailureModel(args.failures == "on", args.mtbf_days, args.repair_hours),
-        slowdown=SlowdownModel(nvlink_gbps=50.0 * args.bandwidth_ratio, scaleout_gbps=50.0,
-                               comm_share=args.comm_share),
+        slowdown=SlowdownModel(nvlink_gbps=50.0 * args.bandwidth_ratio, scaleout_gbps=50.0, comm_share=args.comm_share),
         reservations=args.reservations,
         backfill=not args.no_backfill,
         preemption=not args.no_preemption,
@@ -195,8 +229,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="rackscale sim", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="rackscale sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

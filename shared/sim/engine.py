@@ -482,8 +482,9 @@ class Simulator:
             done = r.remaining
         keep = done if kept is None else kept
         self.attempts.append(
-            Attempt(i, r.start, t, r.job.gpus, min(r.overhead, elapsed), keep, done, r.slowdown, r.cross, outcome,
-                    r.nodes)
+            Attempt(
+                i, r.start, t, r.job.gpus, min(r.overhead, elapsed), keep, done, r.slowdown, r.cross, outcome, r.nodes
+            )
         )
         r.running = False
         self.allocated -= r.job.gpus

@@ -89,8 +89,9 @@ _WORK: tuple[Experiment, Workload] | None = None  # set in the parent before for
 _PROGRESS: Any = None  # shared array of per-run progress fractions
 
 
-def run_one(exp: Experiment, work: Workload, policy: str, seed: int,
-            progress: Callable[[float], None] | None = None) -> RunOut:
+def run_one(
+    exp: Experiment, work: Workload, policy: str, seed: int, progress: Callable[[float], None] | None = None
+) -> RunOut:
     cfg = replace(exp.sim, policy=policy, seed=seed)
     topo = cfg.fleet.topology()
     mapped = map_jobs(work.jobs, replace(exp.mapping, gpus_per_node=cfg.fleet.gpus_per_node), topo, seed)
@@ -99,8 +100,18 @@ def run_one(exp: Experiment, work: Workload, policy: str, seed: int,
     wall = time.perf_counter() - t0
     metrics = compute(res)
     waits = [r.first_start - r.job.submit_s for r in res.jobs if r.first_start is not None]
-    return RunOut(policy, seed, metrics, unfinished_reasons(res), dict(mapped.skipped), dict(mapped.notes), wall,
-                  res.samples, res.free_runs, waits)
+    return RunOut(
+        policy,
+        seed,
+        metrics,
+        unfinished_reasons(res),
+        dict(mapped.skipped),
+        dict(mapped.notes),
+        wall,
+        res.samples,
+        res.free_runs,
+        waits,
+    )
 
 
 def _worker(task: tuple[int, str, int]) -> RunOut:
@@ -125,9 +136,11 @@ def run(exp: Experiment, progress: Callable[[float], None] | None = None) -> tup
     if workers == 1:
         outs = []
         for i, p, s in tasks:
+
             def report(f: float, i: int = i) -> None:
                 if progress is not None:
                     progress((i + f) / n)
+
             outs.append(run_one(exp, work, p, s, report))
         return work, outs
     ctx = mp.get_context("fork")

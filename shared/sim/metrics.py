@@ -40,15 +40,44 @@ from collections.abc import Iterable, Mapping, Sequence
 from shared.sim.engine import DONE, SimResult
 
 # metrics where lower is better (for the report's "best" marks)
-LOWER_IS_BETTER = frozenset({
-    "wait_p50", "wait_p95", "wait_p99", "jct_mean", "slowdown_mean", "makespan", "fragmentation",
-    "fragmentation_gpus", "large_wait_p95", "preemptions", "migrations", "lost_gpu_h", "slowdown_gpu_h",
-    "overhead_gpu_h", "unfinished",
-})
+LOWER_IS_BETTER = frozenset(
+    {
+        "wait_p50",
+        "wait_p95",
+        "wait_p99",
+        "jct_mean",
+        "slowdown_mean",
+        "makespan",
+        "fragmentation",
+        "fragmentation_gpus",
+        "large_wait_p95",
+        "preemptions",
+        "migrations",
+        "lost_gpu_h",
+        "slowdown_gpu_h",
+        "overhead_gpu_h",
+        "unfinished",
+    }
+)
 HEADLINE = (
-    "occupancy", "goodput", "locality", "wait_p50", "wait_p95", "wait_p99", "jct_mean", "slowdown_mean",
-    "makespan", "fragmentation", "large_avail_gpus", "large_avail_share", "large_wait_p95", "preemptions",
-    "migrations", "reservations", "reservation_hits", "reservation_hit_rate",
+    "occupancy",
+    "goodput",
+    "locality",
+    "wait_p50",
+    "wait_p95",
+    "wait_p99",
+    "jct_mean",
+    "slowdown_mean",
+    "makespan",
+    "fragmentation",
+    "large_avail_gpus",
+    "large_avail_share",
+    "large_wait_p95",
+    "preemptions",
+    "migrations",
+    "reservations",
+    "reservation_hits",
+    "reservation_hit_rate",
 )
 
 

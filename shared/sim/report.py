@@ -83,16 +83,21 @@ def markdown(summary: dict[str, Any], title: str = "Simulation report") -> str:
     params = summary["parameters"]
     seeds = summary["seeds"]
     lines = [f"# {title}", ""]
-    traces = ", ".join(t["path"] + (f" (days {t['window_days'][0]:g}-{t['window_days'][1]:g})" if t.get("window_days")
-                                    else "") for t in params["traces"])
+    traces = ", ".join(
+        t["path"] + (f" (days {t['window_days'][0]:g}-{t['window_days'][1]:g})" if t.get("window_days") else "")
+        for t in params["traces"]
+    )
     fleet = params["fleet"]
     lines.append(
         f"Trace: {traces}; {params['jobs']:,} jobs over {params['span_days']:.2f} days of submits. Fleet: "
         f"{fleet['domains']} domains x {fleet['nodes_per_domain']} nodes x {fleet['gpus_per_node']} GPUs "
         f"({params['fleet_gpus']:,} GPUs). Load: {params['load'] if params['load'] is not None else 'as recorded'}"
         f" (offered {params['offered_load']:.3f}). Failures: "
-        + (f"on (MTBF {params['failures']['mtbf_days']:g} d/node, repair {params['failures']['repair_hours']:g} h)"
-           if params["failures"]["enabled"] else "off")
+        + (
+            f"on (MTBF {params['failures']['mtbf_days']:g} d/node, repair {params['failures']['repair_hours']:g} h)"
+            if params["failures"]["enabled"]
+            else "off"
+        )
         + f". Seeds: {', '.join(str(s) for s in params['seeds'])}"
         + (" (mean ± sample std)." if seeds > 1 else ".")
     )
@@ -113,17 +118,27 @@ def markdown(summary: dict[str, Any], title: str = "Simulation report") -> str:
     lines += ["", "Bold: best of the row. Definitions: docs/evaluation.md and shared/sim/metrics.py."]
     skipped = {k: v for lt in summary.get("loaded", []) for k, v in lt["skipped"].items()}
     if skipped or summary.get("mapping_skipped"):
-        lines += ["", "Rows not used: " + ", ".join(f"{v:,} {k}" for k, v in {**skipped,
-                                                                            **summary["mapping_skipped"]}.items())]
+        lines += [
+            "",
+            "Rows not used: " + ", ".join(f"{v:,} {k}" for k, v in {**skipped, **summary["mapping_skipped"]}.items()),
+        ]
     unfinished = {p: u for p, u in summary.get("unfinished", {}).items() if u}
     if unfinished:
-        lines += ["", "Unfinished jobs (all seeds): " + "; ".join(
-            f"{p}: " + ", ".join(f"{n} {why}" for why, n in u.items()) for p, u in unfinished.items())]
+        lines += [
+            "",
+            "Unfinished jobs (all seeds): "
+            + "; ".join(f"{p}: " + ", ".join(f"{n} {why}" for why, n in u.items()) for p, u in unfinished.items()),
+        ]
     return "\n".join(lines) + "\n"
 
 
-def write(out_dir: str | Path, summary: dict[str, Any], outs: Sequence[RunOut], title: str = "Simulation report",
-          plots: bool = True) -> list[Path]:
+def write(
+    out_dir: str | Path,
+    summary: dict[str, Any],
+    outs: Sequence[RunOut],
+    title: str = "Simulation report",
+    plots: bool = True,
+) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "report.json", out / "report.md"]
@@ -224,8 +239,17 @@ SHORT = {
     "jct_mean": "mean JCT",
     "wait_p95": "wait p95",
 }
-KEY_METRICS = ("occupancy", "goodput", "locality", "wait_p95", "jct_mean", "fragmentation", "large_avail_gpus",
-               "large_wait_p95", "reservation_hit_rate")
+KEY_METRICS = (
+    "occupancy",
+    "goodput",
+    "locality",
+    "wait_p95",
+    "jct_mean",
+    "fragmentation",
+    "large_avail_gpus",
+    "large_wait_p95",
+    "reservation_hit_rate",
+)
 
 
 def key_table(summary: dict[str, Any], metrics: Sequence[str] = KEY_METRICS) -> str:

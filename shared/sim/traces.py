@@ -296,8 +296,14 @@ def _load_philly(rows: Iterator[Row], out: LoadedTrace) -> None:
             continue
         # absolute seconds for now; `_rebase` makes them relative to the earliest submit
         out.jobs.append(
-            TraceJob(f"philly-{line}", (when - _EPOCH).total_seconds(), gpus, duration, row["cluster"] or "default",
-                     line=line)
+            TraceJob(
+                f"philly-{line}",
+                (when - _EPOCH).total_seconds(),
+                gpus,
+                duration,
+                row["cluster"] or "default",
+                line=line,
+            )
         )
 
 
@@ -305,9 +311,7 @@ def _rebase(out: LoadedTrace) -> None:
     if not out.jobs:
         return
     t0 = min(j.submit_s for j in out.jobs)
-    out.jobs = [
-        TraceJob(j.job_id, j.submit_s - t0, j.gpus, j.duration_s, j.tenant, line=j.line) for j in out.jobs
-    ]
+    out.jobs = [TraceJob(j.job_id, j.submit_s - t0, j.gpus, j.duration_s, j.tenant, line=j.line) for j in out.jobs]
 
 
 def _load_kalos(rows: Iterator[Row], out: LoadedTrace) -> None:
@@ -324,8 +328,15 @@ def _load_kalos(rows: Iterator[Row], out: LoadedTrace) -> None:
         if not _usable(out, line, gpus, duration):
             continue
         out.jobs.append(
-            TraceJob(f"kalos-{row['job_idx'] or line}", submit, gpus, duration, "llm", kind=row.get("job_type", ""),
-                     line=line)
+            TraceJob(
+                f"kalos-{row['job_idx'] or line}",
+                submit,
+                gpus,
+                duration,
+                "llm",
+                kind=row.get("job_type", ""),
+                line=line,
+            )
         )
 
 
@@ -350,8 +361,15 @@ def _load_openb(rows: Iterator[Row], out: LoadedTrace) -> None:
         if gpus == 1 and 0 < milli < 1000:
             out.notes["GPU-sharing pod counted as 1 whole GPU"] += 1
         out.jobs.append(
-            TraceJob(row["name"] or f"openb-{line}", submit, gpus, end - start, row.get("qos") or "default",
-                     kind=row.get("qos", ""), line=line)
+            TraceJob(
+                row["name"] or f"openb-{line}",
+                submit,
+                gpus,
+                end - start,
+                row.get("qos") or "default",
+                kind=row.get("qos", ""),
+                line=line,
+            )
         )
 
 
@@ -377,8 +395,16 @@ def _load_spot(rows: Iterator[Row], out: LoadedTrace) -> None:
         seen.add(name)
         prio = -1 if row.get("job_type", "").lower() == "spot" else 0
         out.jobs.append(
-            TraceJob(f"spot-{name}", submit, gpus, duration, f"org{row['organization'] or '?'}", priority=prio,
-                     kind=row.get("job_type", ""), line=line)
+            TraceJob(
+                f"spot-{name}",
+                submit,
+                gpus,
+                duration,
+                f"org{row['organization'] or '?'}",
+                priority=prio,
+                kind=row.get("job_type", ""),
+                line=line,
+            )
         )
 
 
@@ -397,9 +423,17 @@ def write_canonical(jobs: list[TraceJob], path: str | Path) -> None:
         w = csv.writer(fh)
         w.writerow([*CANONICAL_COLUMNS, *CANONICAL_OPTIONAL])
         for j in jobs:
-            w.writerow([
-                j.job_id, f"{j.submit_s:g}", j.gpus, f"{j.duration_s:g}", j.tenant,
-                "" if j.gpus_per_node is None else j.gpus_per_node, j.nvlink or "",
-                "" if j.segment is None else j.segment, j.priority,
-                "" if j.checkpointable is None else str(j.checkpointable).lower(),
-            ])
+            w.writerow(
+                [
+                    j.job_id,
+                    f"{j.submit_s:g}",
+                    j.gpus,
+                    f"{j.duration_s:g}",
+                    j.tenant,
+                    "" if j.gpus_per_node is None else j.gpus_per_node,
+                    j.nvlink or "",
+                    "" if j.segment is None else j.segment,
+                    j.priority,
+                    "" if j.checkpointable is None else str(j.checkpointable).lower(),
+                ]
+            )

@@ -16,10 +16,22 @@ FIXTURES = Path(__file__).parent / "sim_fixtures"
 
 
 def run_cli(out: Path, *extra: str) -> int:
-    return sim_cmd.main([
-        "--trace", str(FIXTURES / "backfill.csv"), "--domains", "2", "--nodes-per-domain", "4",
-        "--policy", "flat,tree,block,rackscale", "--out", str(out), "--quiet", *extra,
-    ])
+    return sim_cmd.main(
+        [
+            "--trace",
+            str(FIXTURES / "backfill.csv"),
+            "--domains",
+            "2",
+            "--nodes-per-domain",
+            "4",
+            "--policy",
+            "flat,tree,block,rackscale",
+            "--out",
+            str(out),
+            "--quiet",
+            *extra,
+        ]
+    )
 
 
 def test_seeds_give_means_and_spreads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,8 +34,9 @@ def mapped() -> list:
 
 @pytest.mark.parametrize("policy", ["flat", "tree", "block", "rackscale"])
 def test_conservation_on_real_traces(policy: str, mapped: list) -> None:
-    cfg = SimConfig(policy=policy, seed=3, fleet=FLEET, failures=FAILS, check_state=True, cycle_interval_s=10.0,
-                    queue_depth=50)
+    cfg = SimConfig(
+        policy=policy, seed=3, fleet=FLEET, failures=FAILS, check_state=True, cycle_interval_s=10.0, queue_depth=50
+    )
     res = simulate(mapped, cfg)
     assert len(res.jobs) == len(mapped)
     for r in res.jobs:

@@ -25,7 +25,11 @@ EXACT = MappingConfig(exact_estimates=True, ckpt_share=0.0)
 
 
 def run(
-    trace: str, policy: str, fleet: FleetConfig = SMALL, mapping: MappingConfig = EXACT, ckpt: bool | None = None,
+    trace: str,
+    policy: str,
+    fleet: FleetConfig = SMALL,
+    mapping: MappingConfig = EXACT,
+    ckpt: bool | None = None,
     **kw: object,
 ) -> SimResult:
     rows = load_trace(FIXTURES / trace).jobs

@@ -110,8 +110,11 @@ def test_alibaba_spot() -> None:
 
 
 def test_canonical_round_trip(tmp_path: Path) -> None:
-    jobs = [TraceJob("a", 0.0, 16, 10.0, "t", gpus_per_node=4, nvlink="required", segment=2, priority=3,
-                     checkpointable=True)]
+    jobs = [
+        TraceJob(
+            "a", 0.0, 16, 10.0, "t", gpus_per_node=4, nvlink="required", segment=2, priority=3, checkpointable=True
+        )
+    ]
     write_canonical(jobs, tmp_path / "c.csv")
     back = load_trace(tmp_path / "c.csv").jobs
     assert [(j.job_id, j.gpus, j.gpus_per_node, j.nvlink, j.segment, j.priority, j.checkpointable) for j in back] == [
