@@ -246,6 +246,9 @@ class RankExited(msgspec.Struct, tag="agent.exited", kw_only=True, frozen=True):
     exit_code: int
     at: float
     reason: str = ""
+    # the rank was stopped because its agent shut down (node taken out of service), not by the job:
+    # the queue treats it like a node loss (requeue or fail by the job's on_node_failure)
+    lost: bool = False
 
 
 class NodeChanged(msgspec.Struct, tag="node.changed", kw_only=True, frozen=True):

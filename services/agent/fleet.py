@@ -17,6 +17,7 @@ from pathlib import Path
 
 from services.agent.backends import GpuBackend, SimBackend
 from services.agent.service import AgentService
+from shared.bus import Retry
 from shared.runtime import Deps, Service
 from shared.schemas import AGENT_COMMANDS, AgentCommand
 
@@ -100,6 +101,9 @@ class AgentFleet(Service):
             self.misrouted += 1
             log.warning("command for node %s, which this fleet doesn't run: %s", cmd.node, cmd)
             return
+        if agent.stop_event.is_set():
+            # a stopped agent's commands wait in the stream, as they would for its own durable consumer
+            raise Retry(f"the agent of {cmd.node} is stopped")
         await agent.handle(cmd, headers)
 
     async def on_stop(self) -> None:

@@ -11,7 +11,8 @@
   usual, with the stop's reason.
 - Idempotent: a StartRank for a job attempt this agent already runs is ignored; one that already
   finished is answered by publishing its exit again (the msg id makes that a no-op in the stream).
-- On shutdown the agent stops its ranks and reports their exits ("agent stopped").
+- On shutdown the agent stops its ranks and reports their exits ("agent stopped", `lost=True`): the queue
+  handles them like a node loss — requeued, or failed when the job asked for `on_node_failure: fail`.
 - Tracing: a command's `traceparent` continues in an `agent.start_rank` / `agent.stop_rank` span, and the
   rank's RankStarted/RankExited carry that span's context, so the job's trace reaches the agent.
 
@@ -62,6 +63,7 @@ class RankRun:
     exit_code: int | None = None
     reason: str = ""
     stop_reason: str | None = None
+    lost: bool = False  # stopped by the agent's own shutdown
     started_at: float = 0.0
     trace: dict[str, str] = field(default_factory=dict)  # headers carrying the StartRank's trace context
     ended: asyncio.Event = field(default_factory=asyncio.Event)
@@ -136,7 +138,7 @@ class AgentService(Service):
     async def on_stop(self) -> None:
         for run in self.runs.values():
             if run.running and run.stop_reason is None:
-                run.stop_reason = "agent stopped"
+                run.stop_reason, run.lost = "agent stopped", True
         await asyncio.gather(*(self._stop_run(r) for r in list(self.runs.values()) if r.running))
         pending = self._watchers | self._stoppers
         if pending:
@@ -274,6 +276,7 @@ class AgentService(Service):
             exit_code=run.exit_code,
             at=self.now(),
             reason=run.reason,
+            lost=run.lost,
         )
         await self._publish(exited, f"{cmd.job_id}:{cmd.attempt}:{cmd.rank}:exit", run.trace)
 

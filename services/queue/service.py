@@ -56,6 +56,9 @@ from shared.tenants import tenants_from_settings
 log = logging.getLogger("rackscale.queue")
 
 INFLIGHT_TIMEOUT_S = 15.0  # an order with no answer this long is decided again (with a new attempt)
+# GPUs the queue can't take back by preemption (an order on its way, a commit not yet seen as placed) go
+# into the cycle's state above every real priority, so the core never picks them as victims
+UNPREEMPTIBLE = 1 << 30
 LEASE_S = 5.0
 
 
@@ -74,6 +77,44 @@ def _not_before_commit(rec: JobRecord, attempt: int) -> None:
     the queue has seen its commit. Such an event is redelivered later instead of dropped."""
     if rec.state is JobState.PENDING and rec.attempt <= attempt:
         raise Retry(f"job {rec.id} attempt {attempt}: commit not seen yet")
+
+
+def occupy(
+    state: ClusterState,
+    job_id: str,
+    nodes: list[NodeGpus],
+    rec: JobRecord | None,
+    now: float,
+    *,
+    preemptible: bool,
+) -> None:
+    """Put a job's GPUs into the cycle's state; `preemptible` only for a placed/running job on them."""
+    idx = [state.topo.node_index.get(ng.node) for ng in nodes]
+    if any(i is None for i in idx):
+        log.warning("job %s holds GPUs on nodes unknown to inventory: %s", job_id, nodes)
+        return
+    spec = job_spec(rec) if rec is not None else None
+    runtime = spec.expected_runtime_s if spec is not None and spec.expected_runtime_s is not None else 3600.0
+    start = rec.started_at if rec is not None and rec.started_at else now
+    free = state.free
+    # Only an in-flight order can overlap held GPUs (commits can't: the Lua check), and placement will
+    # reject it; its other GPUs still count as taken, or the cycle would hand them out a second time.
+    masks = [(i, indices_mask(ng.gpus) & free[i]) for ng, i in zip(nodes, idx, strict=True) if i is not None]
+    masks = [(i, m) for i, m in masks if m]
+    if not masks:
+        return
+    state.allocate(
+        CoreAllocation(
+            job_id,
+            tuple(i for i, _ in masks),
+            tuple(m for _, m in masks),
+            priority=(spec.priority if spec else 0) if preemptible else UNPREEMPTIBLE,
+            tenant=spec.tenant if spec else "",
+            checkpointable=spec.checkpointable if spec else False,
+            start=start,
+            expected_end=max(start + runtime, now),
+        )
+    )
 
 
 class QueueService(Service):
@@ -254,6 +295,12 @@ class QueueService(Service):
             await self.emit(rec)
 
     async def on_exited(self, ev: RankExited) -> None:
+        if ev.lost and ev.exit_code != 0:
+            rec = await self.store.get_job(ev.job_id)
+            if rec is not None:
+                _not_before_commit(rec, ev.attempt)
+                await self._lose(ev.job_id, ev.attempt, ev.node, f"the agent on {ev.node} stopped")
+            return
         now = self.now()
 
         def exited(rec: JobRecord) -> JobRecord | None:
@@ -288,36 +335,38 @@ class QueueService(Service):
         if ev.state != "down":
             self.kick.set()
             return
-        now = self.now()
         for rec in await self.store.active_jobs():
             if rec.state not in (JobState.PLACED, JobState.RUNNING):
                 continue
-            if not any(ng.node == ev.node for ng in rec.allocation):
-                continue
-            attempt = rec.attempt
-
-            def fail_or_requeue(r: JobRecord, attempt: int = attempt) -> JobRecord | None:
-                if r.attempt != attempt or r.state not in (JobState.PLACED, JobState.RUNNING):
-                    return None
-                reason = f"node {ev.node} went down: {ev.reason}"
-                if r.spec.on_node_failure == "fail":
-                    r.state, r.ended_at, r.reason = JobState.FAILED, now, reason
-                else:
-                    r.state, r.reason = JobState.PENDING, f"requeued: {reason}"
-                    r.attempt, r.allocation, r.domains, r.started_ranks, r.exit_codes = attempt + 1, [], [], [], {}
-                r.updated_at = now
-                return r
-
-            new, changed = await self.store.update_job(rec.id, fail_or_requeue)
-            if new is not None and changed:
-                await self.emit(new)
-                await self.bus.publish(
-                    self.names.orders,
-                    ReleaseOrder(job_id=rec.id, reason=f"node {ev.node} down"),
-                    msg_id=f"{rec.id}:{attempt}:release:node",
-                    headers=_trace(new),
-                )
+            if any(ng.node == ev.node for ng in rec.allocation):
+                await self._lose(rec.id, rec.attempt, ev.node, f"node {ev.node} went down: {ev.reason}")
         self.kick.set()
+
+    async def _lose(self, job_id: str, attempt: int, node: str, reason: str) -> None:
+        """A placed/running attempt lost a node under it: requeue it, or fail it by its on_node_failure."""
+        now = self.now()
+
+        def fail_or_requeue(r: JobRecord) -> JobRecord | None:
+            if r.attempt != attempt or r.state not in (JobState.PLACED, JobState.RUNNING):
+                return None
+            if r.spec.on_node_failure == "fail":
+                r.state, r.ended_at, r.reason = JobState.FAILED, now, reason
+            else:
+                r.state, r.reason = JobState.PENDING, f"requeued: {reason}"
+                r.attempt, r.allocation, r.domains, r.started_ranks, r.exit_codes = attempt + 1, [], [], [], {}
+            r.updated_at = now
+            return r
+
+        new, changed = await self.store.update_job(job_id, fail_or_requeue)
+        if new is not None and changed:
+            await self.emit(new)
+            await self.bus.publish(
+                self.names.orders,
+                ReleaseOrder(job_id=job_id, reason=f"node {node} lost"),
+                msg_id=f"{job_id}:{attempt}:release:node",
+                headers=_trace(new),
+            )
+            self.kick.set()
 
     # -- the cycle -----------------------------------------------------------------------------------------
     async def cycle_loop(self) -> None:
@@ -378,7 +427,11 @@ class QueueService(Service):
         held: set[str] = set()
         for alloc in await self.store.allocations():
             rec = jobs.get(alloc.job_id)
-            self._occupy(state, alloc.job_id, alloc.nodes, rec, now)
+            # only a job the queue knows as placed/running on this very allocation can be preempted
+            movable = (
+                rec is not None and rec.state in (JobState.PLACED, JobState.RUNNING) and rec.attempt == alloc.attempt
+            )
+            occupy(state, alloc.job_id, alloc.nodes, rec, now, preemptible=movable)
             held.add(alloc.job_id)
         pending: list[JobSpec] = []
         for rec in jobs.values():
@@ -388,7 +441,8 @@ class QueueService(Service):
                 continue  # committed, its Committed event not handled yet (or a release on its way)
             if rec.inflight_since is not None:
                 if now - rec.inflight_since < INFLIGHT_TIMEOUT_S:
-                    self._occupy(state, rec.id, rec.allocation, rec, now)  # its order is on its way
+                    # its order is on its way
+                    occupy(state, rec.id, rec.allocation, rec, now, preemptible=False)
                     continue
                 await self._expire_inflight(rec, now)
                 continue
@@ -396,42 +450,19 @@ class QueueService(Service):
         if not pending:
             return
         result = self.scheduler.cycle(state, pending, now)
+        blocked: set[str] = set()  # jobs whose victims could not be moved out: their GPUs aren't free
         for d in result.decisions:
             if isinstance(d, Allocate):
+                if d.job_id in blocked:
+                    continue  # decided again next cycle, from the state as it is then
                 await self._order(jobs[d.job_id], d, topo, now)
             elif isinstance(d, Preempt):
-                await self._preempt(d, now)
+                if not await self._preempt(d, now):
+                    blocked.add(d.for_job)
+                    self.kick.set()
             # most cycles change no reason: skip those round trips
             elif isinstance(d, Pending | Reserve) and jobs[d.job_id].reason != d.reason:
                 await self._set_reason(d.job_id, d.reason, now)
-
-    def _occupy(
-        self, state: ClusterState, job_id: str, nodes: list[NodeGpus], rec: JobRecord | None, now: float
-    ) -> None:
-        idx = [state.topo.node_index.get(ng.node) for ng in nodes]
-        if any(i is None for i in idx):
-            log.warning("job %s holds GPUs on nodes unknown to inventory: %s", job_id, nodes)
-            return
-        spec = job_spec(rec) if rec is not None else None
-        runtime = spec.expected_runtime_s if spec is not None and spec.expected_runtime_s is not None else 3600.0
-        start = rec.started_at if rec is not None and rec.started_at else now
-        free = state.free
-        if any(indices_mask(ng.gpus) & ~free[i] for ng, i in zip(nodes, idx, strict=True) if i is not None):
-            # only an in-flight order can overlap (commits can't: the Lua check); placement will reject it
-            log.info("in-flight order of job %s overlaps held GPUs; leaving it to placement", job_id)
-            return
-        state.allocate(
-            CoreAllocation(
-                job_id,
-                tuple(i for i in idx if i is not None),
-                tuple(indices_mask(ng.gpus) for ng in nodes),
-                priority=spec.priority if spec else 0,
-                tenant=spec.tenant if spec else "",
-                checkpointable=spec.checkpointable if spec else False,
-                start=start,
-                expected_end=max(start + runtime, now),
-            )
-        )
 
     async def _order(self, rec: JobRecord, d: Allocate, topo: Any, now: float) -> None:
         nodes = [NodeGpus(n, list(g)) for n, g in d.gpus_by_node(topo).items()]
@@ -482,7 +513,9 @@ class QueueService(Service):
 
         await self.store.update_job(rec.id, retry)
 
-    async def _preempt(self, d: Preempt, now: float) -> None:
+    async def _preempt(self, d: Preempt, now: float) -> bool:
+        """Move the victim out; False when it isn't placed or running any more (its GPUs aren't freed)."""
+
         def requeue(r: JobRecord) -> JobRecord | None:
             if r.state not in (JobState.PLACED, JobState.RUNNING):
                 return None
@@ -491,7 +524,7 @@ class QueueService(Service):
 
         rec, changed = await self.store.update_job(d.job_id, requeue)
         if rec is None or not changed:
-            return
+            return False
         await self.emit(rec)
         await self.release(rec, rec.reason, checkpoint=d.checkpoint)
         attempt = rec.attempt
@@ -507,6 +540,7 @@ class QueueService(Service):
         rec, changed = await self.store.update_job(d.job_id, pending)
         if rec is not None and changed:
             await self.emit(rec)
+        return True
 
     async def _set_reason(self, job_id: str, reason: str, now: float) -> None:
         def why(r: JobRecord) -> JobRecord | None:

@@ -79,3 +79,27 @@ async def test_silent_agent_node_goes_down_and_its_jobs_requeue_or_fail(
 
     await wait_until(released, "no allocation left on the silent nodes")
     assert not service_errors(caplog.records)
+
+
+async def test_agent_shutdown_requeues_or_fails_its_jobs_like_a_node_loss(open_stack: StackFactory) -> None:
+    # a graceful agent stop (node taken out of service) kills its ranks: not the job's fault, so no plain failure
+    e2e: E2E = await open_stack(domains=2)
+    body = {"tenant": "ops", "gpus": 4, "command": LONG_ON_FIRST_ATTEMPT}
+    requeue = await e2e.submit({**body, "name": "requeue-me", "on_node_failure": "requeue"})
+    fail = await e2e.submit({**body, "name": "fail-me", "on_node_failure": "fail"})
+    first = {job: await e2e.wait_state(job, {"running"}) for job in (requeue, fail)}
+    stopped = nodes_of(first[requeue]) | nodes_of(first[fail])
+    fleet = e2e.stack.fleet
+    assert fleet is not None
+    for node in stopped:
+        await fleet.agents[node].stop(grace_s=5.0)
+
+    failed = await e2e.wait_state(fail, {"failed", "succeeded", "cancelled"})
+    assert failed["state"] == "failed", failed
+    assert "stopped" in failed["reason"] and "exited with" not in failed["reason"], failed
+
+    done = await e2e.wait_state(requeue, {"failed", "succeeded", "cancelled"})
+    assert done["state"] == "succeeded", done
+    assert done["attempt"] >= 2 and not nodes_of(done) & stopped, done
+    states = [(e.state, e.attempt) for e in await e2e.job_events() if e.job_id == requeue]
+    assert (JobState.RUNNING, 1) in states and (JobState.FAILED, 1) not in states, states

@@ -248,6 +248,7 @@ async def test_agent_stop_stops_its_ranks_and_reports_them(harness: Harness) -> 
     await agent.stop(grace_s=WAIT_S)
     _, exited = await wait_exit(h, "job-1")
     assert isinstance(exited, RankExited) and exited.reason == "stopped (agent stopped): killed by SIGTERM"
+    assert exited.lost  # the queue requeues it like a node loss, instead of failing the job
 
 
 # -- reports ------------------------------------------------------------------------------------------------
