@@ -23,12 +23,12 @@ import nats
 import pytest_asyncio
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from services.stack import Stack, StackOptions
 from shared.names import Names
 from shared.schemas import EVENTS, JobEvent, JobState, NodeGpus
 from shared.settings import Settings
+from tests import streams
 from tests.integration import conftest as integration
 from tests.integration.conftest import delete_nats_namespace, delete_redis_namespace
 
@@ -64,15 +64,7 @@ def domain_of(node: str) -> str:
 
 
 async def wait_until(probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = WAIT_S) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` and the last value at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last saw {value!r}")
-        await asyncio.sleep(0.1)
+    return await streams.wait_until(probe, what, timeout, poll_s=0.1)
 
 
 @dataclass
@@ -204,26 +196,8 @@ class E2E:
 
     # -- the bus -----------------------------------------------------------------------------------------
     async def stream(self, subject: str) -> list[Msg]:
-        """Every message the stream holds on `subject` now, in stream order (an ephemeral consumer reads it)."""
-        js = self.nc.jetstream()
-        # no acks: an explicit-ack consumer stops delivering after max_ack_pending (1000) unacked messages
-        config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
-        sub = await js.pull_subscribe(subject, stream=self.names.stream_for(subject), config=config)
-        out: list[Msg] = []
-        try:
-            while True:
-                try:
-                    msgs = await sub.fetch(512, timeout=1.0)
-                except nats.errors.TimeoutError:
-                    break
-                out += msgs
-                if not msgs or msgs[-1].metadata.num_pending == 0:
-                    break
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        out.sort(key=lambda m: m.metadata.sequence.stream)
-        return out
+        """Every message the stream holds on `subject` now, in stream order."""
+        return await streams.read_stream(self.nc, self.names, subject)
 
     async def decoded(self, subject: str, decoder: msgspec.msgpack.Decoder[Any] = EVENTS) -> list[Any]:
         return [decoder.decode(m.data) for m in await self.stream(subject)]

@@ -46,6 +46,7 @@ from shared.schemas import (
 from shared.settings import Settings
 from shared.store import Store
 from shared.tracing import noop_tracer
+from tests import streams
 
 pytestmark = pytest.mark.asyncio
 
@@ -160,34 +161,12 @@ async def harness(
 
 
 async def wait_until(probe: Callable[[], Awaitable[T | None]], what: str, timeout: float = WAIT_S) -> T:
-    """Poll `probe` until it returns something truthy; fail naming `what` (and the last value) at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last saw {value!r}")
-        await asyncio.sleep(0.02)
+    return await streams.wait_until(probe, what, timeout, poll_s=0.02)
 
 
 async def stream_messages(h: Harness, subject: str, decoder: msgspec.msgpack.Decoder[T]) -> list[T]:
-    """Everything the stream holds on `subject` now, in order (an ephemeral consumer reads it)."""
-    sub = await h.nc.jetstream().pull_subscribe(subject, stream=h.names.stream_for(subject))
-    out: list[T] = []
-    try:
-        while True:
-            try:
-                msgs = await sub.fetch(256, timeout=0.5)
-            except nats.errors.TimeoutError:
-                break
-            out += [decoder.decode(m.data) for m in msgs]
-            if not msgs or msgs[-1].metadata.num_pending == 0:
-                break
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-    return out
+    """Everything the stream holds on `subject` now, in order."""
+    return [decoder.decode(m.data) for m in await streams.read_stream(h.nc, h.names, subject, timeout=0.5)]
 
 
 async def wait_for_messages(

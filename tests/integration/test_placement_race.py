@@ -18,12 +18,10 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import nats
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from services.placement.service import PlacementService
@@ -43,6 +41,7 @@ from shared.schemas import (
 from shared.settings import Settings
 from shared.store import Store
 from shared.tracing import noop_tracer
+from tests import streams
 
 pytestmark = pytest.mark.asyncio
 
@@ -85,24 +84,8 @@ class Replicas:
 
     async def answers(self) -> list[Any]:
         """Every placement event so far, in stream order."""
-        js = self.nc.jetstream()
-        config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
-        subject = self.names.placement_events
-        sub = await js.pull_subscribe(subject, stream=self.names.stream_for(subject), config=config)
-        out: list[Any] = []
-        try:
-            while True:
-                try:
-                    msgs = await sub.fetch(512, timeout=0.5)
-                except nats.errors.TimeoutError:
-                    break
-                out += [EVENTS.decode(m.data) for m in msgs]
-                if not msgs or msgs[-1].metadata.num_pending == 0:
-                    break
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        return out
+        msgs = await streams.read_stream(self.nc, self.names, self.names.placement_events, timeout=0.5)
+        return [EVENTS.decode(m.data) for m in msgs]
 
     async def wait_answers(self, jobs: set[str], kinds: tuple[type, ...], what: str) -> list[Any]:
         """Until every job in `jobs` has an event of one of `kinds`; all events, in stream order."""
