@@ -418,12 +418,14 @@ class QueueService(Service):
     async def run_cycle(self) -> None:
         now = self.now()
         self.cycles += 1
+        jobs = {r.id: r for r in await self.store.active_jobs()}
+        if not any(r.state is JobState.PENDING for r in jobs.values()):
+            return  # most kicks (exits, releases, heartbeats' changes) leave nothing to decide: skip the reads
         known = await self._topology()
         if known is None:
             return  # no GPU node has registered yet: jobs keep waiting with their intake reason
         topo, health = known
         state = ClusterState(topo, health)
-        jobs = {r.id: r for r in await self.store.active_jobs()}
         held: set[str] = set()
         for alloc in await self.store.allocations():
             rec = jobs.get(alloc.job_id)
