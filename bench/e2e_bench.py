@@ -2,7 +2,7 @@
 """End-to-end benchmark: the whole system (`services.stack.Stack`) on a 64-domain simulated fleet, over HTTP.
 
     python bench/e2e_bench.py [--domains 64] [--latency-jobs 300] [--throughput-s 10] [--clients 8]
-                              [--same-process] [--profile FILE.prof]
+                              [--same-process] [--profile FILE.prof] [--agents-process] [--services-process]
 
 The stack runs in this process with embedded NATS and Valkey: 64 NVL72 domains = 1,152 simulated agents
 (in-process, one fleet), heartbeat 1 s. A load generator — by default in a child process, as a real client
@@ -35,6 +35,7 @@ import platform
 import pstats
 import random
 import statistics
+import subprocess
 import sys
 import time
 import uuid
@@ -73,6 +74,10 @@ class BenchConfig:
     seed: int = 1
     same_process: bool = False
     profile: str | None = None
+    # where the parts run: all in this process (default), or agents / services as child processes, as
+    # they would be deployed (agents on their own nodes)
+    agents_process: bool = False
+    services_process: bool = False
 
 
 def small_job(rng: random.Random, tenant: str, i: int) -> dict[str, Any]:
@@ -405,9 +410,16 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
 
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     settings = Settings(prefix=prefix, gateway_port=0, heartbeat_s=cfg.heartbeat_s, log_level="WARNING")
-    stack = Stack(StackOptions(domains=cfg.domains, settings=settings))
+    in_process = () if cfg.services_process else StackOptions.in_process
+    stack = Stack(
+        StackOptions(domains=cfg.domains, settings=settings, agents=not cfg.agents_process, in_process=in_process)
+    )
     t0 = time.perf_counter()
     await stack.start()
+    fleet: subprocess.Popen[bytes] | None = None
+    if cfg.agents_process:
+        cmd = [sys.executable, "-m", "services.fleet", "--domains", str(cfg.domains)]
+        fleet = subprocess.Popen(cmd, env=stack._env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     result: dict[str, Any] = {
         "config": dataclasses.asdict(cfg),
         "machine": {
@@ -443,6 +455,9 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
         if prof is not None and cfg.profile:
             result["profile"] = profile_report(prof, cfg.profile)
     finally:
+        if fleet is not None:
+            fleet.terminate()
+            fleet.wait(30)
         await stack.stop()
     result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     lat = result["latency"]["submit_to_running_ms"]
@@ -472,6 +487,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--same-process", action="store_true", help="run the load generator in the stack's event loop")
     p.add_argument("--profile", default=None, metavar="FILE", help="cProfile the stack's process into FILE")
+    p.add_argument("--agents-process", action="store_true", help="run the simulated agents in a child process")
+    p.add_argument("--services-process", action="store_true", help="run each service in its own child process")
     a = p.parse_args(argv)
     cfg = BenchConfig(
         domains=a.domains,
@@ -484,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         seed=a.seed,
         same_process=a.same_process,
         profile=a.profile,
+        agents_process=a.agents_process,
+        services_process=a.services_process,
     )
     import logging
 
