@@ -410,7 +410,8 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
 
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     settings = Settings(prefix=prefix, gateway_port=0, heartbeat_s=cfg.heartbeat_s, log_level="WARNING")
-    in_process = () if cfg.services_process else StackOptions.in_process
+    # the gateway stays here: the bench needs its port, which a child picks on its own
+    in_process = ("gateway",) if cfg.services_process else StackOptions.in_process
     stack = Stack(
         StackOptions(domains=cfg.domains, settings=settings, agents=not cfg.agents_process, in_process=in_process)
     )
@@ -488,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--same-process", action="store_true", help="run the load generator in the stack's event loop")
     p.add_argument("--profile", default=None, metavar="FILE", help="cProfile the stack's process into FILE")
     p.add_argument("--agents-process", action="store_true", help="run the simulated agents in a child process")
-    p.add_argument("--services-process", action="store_true", help="run each service in its own child process")
+    p.add_argument(
+        "--services-process", action="store_true", help="run inventory, queue and placement as child processes"
+    )
     a = p.parse_args(argv)
     cfg = BenchConfig(
         domains=a.domains,
