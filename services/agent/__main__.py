@@ -11,15 +11,10 @@ import sys
 from pathlib import Path
 
 from services.agent.backends import GpuBackend, NvmlUnavailableError, make_backend
+from services.agent.process import agent_deps, agent_settings
 from services.agent.service import AgentService
-from shared.bus import Bus
-from shared.runtime import Deps, run, setup_logging
-from shared.settings import Settings, SettingsError
-from shared.store import Store
-from shared.tracing import Tracer, make_provider
-
-# Deps carries a Store, but an agent never touches Redis: this client is never connected.
-_UNUSED_REDIS = "redis://127.0.0.1:6379/0"
+from shared.runtime import run, setup_logging
+from shared.settings import Settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,15 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _serve(settings: Settings, nats_url: str, backend: GpuBackend, args: argparse.Namespace) -> None:
-    names = settings.names()
-    bus = await Bus.connect(nats_url, names, AgentService.name)
-    await bus.ensure_streams(settings.stream_replicas)
-    tracer = Tracer(
-        make_provider(AgentService.name, settings.trace_exporter, settings.otlp_endpoint), AgentService.name
-    )
-    store = Store.from_url(settings.redis_url or _UNUSED_REDIS, names)
-    deps = Deps(settings=settings, names=names, bus=bus, store=store, tracer=tracer)
+async def _serve(settings: Settings, backend: GpuBackend, args: argparse.Namespace) -> None:
+    deps = await agent_deps(settings, AgentService.name)
     agent = AgentService(
         deps, backend, register_every=args.register_every, stop_grace_s=args.stop_grace, log_dir=args.log_dir
     )
@@ -54,12 +42,7 @@ async def _serve(settings: Settings, nats_url: str, backend: GpuBackend, args: a
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except SettingsError as e:
-        sys.exit(f"agent: {e}")
-    if not settings.nats_url:
-        sys.exit("agent: set RACKSCALE_NATS_URL (or use `rackscale up` for a simulated fleet)")
+    settings = agent_settings("agent")
     if args.gpus < 1 or args.clique < 0 or args.register_every < 1 or args.stop_grace < 0:
         sys.exit("agent: --gpus and --register-every must be >= 1, --clique and --stop-grace >= 0")
     setup_logging(settings.log_level)
@@ -75,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     except NvmlUnavailableError as e:
         sys.exit(f"agent: {e}")
-    asyncio.run(_serve(settings, settings.nats_url, backend, args))
+    asyncio.run(_serve(settings, backend, args))
     return 0
 
 

@@ -12,14 +12,9 @@ import asyncio
 import sys
 
 from services.agent.fleet import AgentFleet, sim_fleet
-from shared.bus import Bus
-from shared.runtime import Deps, run, setup_logging
-from shared.settings import Settings, SettingsError
-from shared.store import Store
-from shared.tracing import Tracer, make_provider
-
-# Deps carries a Store, but agents never touch Redis: this client is never connected.
-_UNUSED_REDIS = "redis://127.0.0.1:6379/0"
+from services.agent.process import agent_deps, agent_settings
+from shared.runtime import run, setup_logging
+from shared.settings import Settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,29 +26,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _serve(settings: Settings, nats_url: str, args: argparse.Namespace) -> None:
-    names = settings.names()
-    bus = await Bus.connect(nats_url, names, AgentFleet.name)
-    await bus.ensure_streams(settings.stream_replicas)
-    tracer = Tracer(make_provider(AgentFleet.name, settings.trace_exporter, settings.otlp_endpoint), AgentFleet.name)
-    store = Store.from_url(settings.redis_url or _UNUSED_REDIS, names)
-    deps = Deps(settings=settings, names=names, bus=bus, store=store, tracer=tracer)
+async def _serve(settings: Settings, args: argparse.Namespace) -> None:
+    deps = await agent_deps(settings, AgentFleet.name)
     backends = sim_fleet(args.domains, args.nodes_per_domain, args.gpus, seed=args.seed)
     await run(AgentFleet(deps, backends))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        settings = Settings.from_env()
-    except SettingsError as e:
-        sys.exit(f"fleet: {e}")
-    if not settings.nats_url:
-        sys.exit("fleet: set RACKSCALE_NATS_URL (or use `rackscale up`)")
+    settings = agent_settings("fleet")
     if min(args.domains, args.nodes_per_domain, args.gpus) < 1:
         sys.exit("fleet: --domains, --nodes-per-domain and --gpus must be >= 1")
     setup_logging(settings.log_level)
-    asyncio.run(_serve(settings, settings.nats_url, args))
+    asyncio.run(_serve(settings, args))
     return 0
 
 
