@@ -5,8 +5,8 @@ server) and a scheduling cell. All Redis keys of a cell share the hash tag ``{ce
 script can touch any of them atomically, also on Redis Cluster.
 
 Who writes what (one writer per Redis key family):
-  inventory  node:*, nodestate:*, nodes, topo:gen      placement  gpus:*, alloc:*, allocs
-  queue      job:*, jobs, jobs:active, queue:leader
+  inventory  node:*, nodestate:*, healthstate:*, nodes, topo:gen      placement  gpus:*, alloc:*, allocs
+  queue      job:*, jobs, jobs:active, queue:leader   migration  migration:*, migrations
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ class StreamSpec:
     subjects: tuple[str, ...]
     # streams whose loss loses accepted work are synced to disk on every write (see README, durability)
     sync_always: bool
+    per_subject: int = 0  # keep only the newest N messages per subject (a record per subject); 0: all
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,10 @@ class Names:
     @property
     def job_cancel(self) -> str:
         return f"{self.prefix}.jobs.cancel"  # gateway → queue: JobCancel
+
+    @property
+    def job_move(self) -> str:
+        return f"{self.prefix}.jobs.move"  # migration → queue: MoveOrder / MoveAbort
 
     @property
     def orders(self) -> str:
@@ -64,7 +69,18 @@ class Names:
 
     @property
     def node_events(self) -> str:
-        return f"{self.prefix}.events.node"  # inventory → queue, gateway: NodeChanged
+        return f"{self.prefix}.events.node"  # inventory → queue, gateway, migration: NodeChanged
+
+    @property
+    def migration_events(self) -> str:
+        return f"{self.prefix}.events.migration"  # migration → anyone: MigrationEvent (each step of a move)
+
+    def migration_record(self, migration_id: str) -> str:
+        return f"{self.prefix}.migrations.{migration_id}"  # migration's own record of a move (newest kept)
+
+    @property
+    def migration_records_all(self) -> str:
+        return f"{self.prefix}.migrations.>"
 
     # -- subjects: core NATS (fire-and-forget or request/reply) --------------------------------------------
     @property
@@ -74,6 +90,15 @@ class Names:
     @property
     def agent_heartbeat(self) -> str:
         return f"{self.prefix}.agent.heartbeat"  # agent → inventory: Heartbeat
+
+    def telemetry(self, node: str) -> str:
+        # agent → inventory (queue group), migration: Telemetry. Core NATS on purpose: high rate, loss-tolerant
+        # (counters are cumulative), and no stream holds it.
+        return f"{self.prefix}.telemetry.{node}"
+
+    @property
+    def telemetry_all(self) -> str:
+        return f"{self.prefix}.telemetry.*"
 
     @property
     def node_admin(self) -> str:
@@ -93,11 +118,13 @@ class Names:
     @property
     def streams(self) -> tuple[StreamSpec, ...]:
         return (
-            StreamSpec(self._stream("JOBS"), (self.job_submit, self.job_cancel), sync_always=True),
+            StreamSpec(self._stream("JOBS"), (self.job_submit, self.job_cancel, self.job_move), sync_always=True),
             StreamSpec(self._stream("ORDERS"), (f"{self.prefix}.orders.>",), sync_always=True),
             StreamSpec(self._stream("AGENT"), (self.agent_cmd_all,), sync_always=True),
             StreamSpec(self._stream("EVENTS"), (f"{self.prefix}.events.>",), sync_always=True),
             StreamSpec(self._stream("DLQ"), (f"{self.prefix}.dlq.>",), sync_always=False),
+            # one MigrationRecord per move, the newest only: what a restarted migration service resumes from
+            StreamSpec(self._stream("MIGRATIONS"), (self.migration_records_all,), sync_always=True, per_subject=1),
         )
 
     def stream_for(self, subject: str) -> str:
@@ -120,6 +147,9 @@ class Names:
 
     def node_state_key(self, node: str) -> str:
         return self._key(f"nodestate:{node}")  # string up|draining|down, read by the commit script
+
+    def health_state_key(self, node: str) -> str:
+        return self._key(f"healthstate:{node}")  # string: NodeHealthState (msgpack), the health rules' hysteresis
 
     @property
     def nodes_key(self) -> str:
@@ -153,6 +183,17 @@ class Names:
     @property
     def queue_leader_key(self) -> str:
         return self._key("queue:leader")  # string: the queue replica that runs cycles (SET NX PX lease)
+
+    def migration_key(self, migration_id: str) -> str:
+        return self._key(f"migration:{migration_id}")  # string: MigrationRecord (msgpack), the API's view
+
+    @property
+    def migrations_key(self) -> str:
+        return self._key("migrations")  # zset: migration id by creation time (listing)
+
+    @property
+    def migration_leader_key(self) -> str:
+        return self._key("migration:leader")  # string: the migration replica that plans (SET NX PX lease)
 
     @property
     def key_pattern(self) -> str:
