@@ -86,11 +86,11 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
         "inventory": [n.node_events],
         "queue": [n.job_event("*"), n.orders],
         "placement": [n.placement_events, n.agent_cmd("*")],
-        "agent": [n.agent_register, n.agent_heartbeat, n.agent_events],
+        "agent": [n.agent_register, n.agent_heartbeat, n.agent_events, n.telemetry("*")],
     }
     subscribe: dict[str, list[str]] = {
         "gateway": [n.job_events_all, n.node_events],  # server-sent events
-        "inventory": [n.agent_register, n.agent_heartbeat, n.node_admin],
+        "inventory": [n.agent_register, n.agent_heartbeat, n.telemetry_all, n.node_admin],
         "queue": [n.cycle_kick],
         "placement": [],
         "agent": [],

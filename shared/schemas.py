@@ -43,10 +43,14 @@ class JobBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
 
 
 class NodeAdmin(msgspec.Struct, kw_only=True, frozen=True):
-    """gateway → inventory (request/reply): drain or undrain a node."""
+    """gateway → inventory (request/reply): drain or undrain a node, or clear its latched GPU faults.
+
+    `clear_health` forgets what the telemetry health rules decided for the node's GPUs (a fatal XID stays
+    down until then, or until the agent registers with a new boot id); the next samples decide afresh.
+    """
 
     node: str
-    action: Literal["drain", "undrain"]
+    action: Literal["drain", "undrain", "clear_health"]
     reason: str = ""
 
 
@@ -113,13 +117,39 @@ class NodeRecord(msgspec.Struct, kw_only=True):
     domain: str
     clique: int = 0
     gpus: int = 4
-    gpu_health: dict[str, str] = {}  # GPU index → "degraded" | "down"; absent means ok
+    gpu_health: dict[str, str] = {}  # GPU index → "degraded" | "down"; absent means ok (worse of the two below)
+    agent_health: dict[str, str] = {}  # what the agent itself reports (GpuReport.health)
+    rule_health: dict[str, str] = {}  # what inventory's telemetry health rules decided (shared/health.py)
+    boot_id: str = ""  # the agent's, from its last registration; a new one clears latched GPU faults
     state: Literal["up", "draining", "down"] = "up"
     drained: bool = False  # an operator's drain survives the node going down and up
     reason: str = ""
     last_heartbeat: float = 0.0
     backend: str = "sim"
     leaf: str | None = None
+
+
+class RuleState(msgspec.Struct, kw_only=True):
+    """Hysteresis of one health rule on one GPU (shared.health)."""
+
+    active: bool = False  # the rule's verdict applies to the GPU
+    held: int = 0  # consecutive samples the condition held (while not active)
+    held_since: float | None = None
+    clear: int = 0  # consecutive samples the condition was clear (while active)
+    clear_since: float | None = None
+
+
+class GpuHealthState(msgspec.Struct, kw_only=True):
+    rules: dict[str, RuleState] = {}
+    at: float | None = None  # time of the previous sample, and its counters (for rates and increases)
+    nvlink_errors: int = 0
+    ecc_uncorrected: int = 0
+
+
+class NodeHealthState(msgspec.Struct, kw_only=True):
+    """What inventory keeps per node (key `healthstate:{node}`) between telemetry samples: GPU index → state."""
+
+    gpus: dict[str, GpuHealthState] = {}
 
 
 # -- bus messages ------------------------------------------------------------------------------------------
@@ -197,6 +227,44 @@ class AgentRegister(msgspec.Struct, tag="agent.register", kw_only=True, frozen=T
     backend: str = "sim"
     leaf: str | None = None
     at: float = 0.0
+    boot_id: str = ""  # new at every agent start; a registration with a new one clears latched GPU faults
+
+
+# -- telemetry (agent → inventory, core NATS: high rate, a lost sample is replaced by the next) ----------------
+
+
+class NvLinkSample(msgspec.Struct, kw_only=True, frozen=True):
+    up: int = 0  # links in state up
+    total: int = 0  # links the GPU has; 0: not reported (no NVLink, or the query is unsupported)
+    errors: int = 0  # cumulative replay + recovery + CRC errors over all links since the driver loaded
+
+
+class GpuSample(msgspec.Struct, kw_only=True, frozen=True):
+    """One GPU in one telemetry sample. Counters are cumulative, so a lost sample loses no count."""
+
+    index: int
+    util: float = 0.0  # busy fraction, 0..1
+    mem_used_mib: int = 0
+    mem_total_mib: int = 0
+    temp_c: float = 0.0
+    power_w: float = 0.0
+    ecc_corrected: int = 0  # cumulative volatile single-bit (corrected) ECC errors
+    ecc_uncorrected: int = 0  # cumulative volatile double-bit (uncorrected) ECC errors
+    xids: list[int] = []  # XID codes seen since the previous sample
+    nvlink: NvLinkSample = NvLinkSample()
+    fabric: str = ""  # "completed" | "in_progress" | "not_started" | "failed"; "": no multi-node fabric / unknown
+    # active clock throttle reasons: "hw_slowdown", "hw_thermal", "sw_thermal", "hw_power_brake", "sw_power_cap"
+    throttle: list[str] = []
+    lost: bool = False  # fell off the bus: NVML can't reach the GPU (the other fields are zero)
+
+
+class Telemetry(msgspec.Struct, tag="agent.telemetry", kw_only=True, frozen=True):
+    """agent → inventory (and anyone listening) on `names.telemetry(node)`, every RACKSCALE_TELEMETRY_S."""
+
+    node: str
+    at: float
+    seq: int = 0  # counts up from 0 at the agent's start: gaps are lost samples
+    gpus: list[GpuSample] = []
 
 
 class Heartbeat(msgspec.Struct, tag="agent.heartbeat", kw_only=True, frozen=True):
@@ -252,10 +320,23 @@ class RankExited(msgspec.Struct, tag="agent.exited", kw_only=True, frozen=True):
 
 
 class NodeChanged(msgspec.Struct, tag="node.changed", kw_only=True, frozen=True):
+    """inventory → anyone, on `names.node_events` (JetStream): a node's state, topology or GPU health changed.
+
+    This is also THE GPU health event (there is no separate one): `gpu_health` is the node's whole map after
+    the change (index → "degraded" | "down"; absent means ok), `changed_gpus` the GPUs whose health this
+    event changes (index → new health, "ok" included) and `cause` what changed it: a telemetry health rule
+    (`shared.health`: "xid_fatal", "fell_off_bus", "ecc_uncorrected", "nvlink_errors", "nvlink_down",
+    "throttle", "temperature", "fabric"; "cleared" by an operator or a new boot), "agent" (the agent's own
+    GpuReport), or "" for a change of the node's state or description only.
+    """
+
     node: str
     state: Literal["up", "draining", "down"]
     reason: str
     at: float
+    gpu_health: dict[str, str] = {}
+    changed_gpus: dict[str, str] = {}
+    cause: str = ""
 
 
 class JobEvent(msgspec.Struct, tag="job.event", kw_only=True, frozen=True):
@@ -273,6 +354,40 @@ class JobEvent(msgspec.Struct, tag="job.event", kw_only=True, frozen=True):
 Event = Committed | Rejected | Released | RankStarted | RankExited | NodeChanged | JobEvent
 
 
+# -- fault plans (the sim backend's scripted faults; a file: strict) -----------------------------------------
+
+
+class Fault(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """One scripted fault of a simulated fleet (RACKSCALE_FAULT_PLAN: a YAML/JSON list of these).
+
+    Target: `node` or `domain` (every node of it), and `gpu` (one GPU; unset: every GPU of the target).
+    `at`: seconds after the agent starts, on the agent's (injected) clock. `for_s`: the fault ends after
+    this long (unset: it lasts). Effects (at least one):
+      xid: raise this XID once (79 "fell off the bus" also makes the GPU lost from then on);
+      lost: the GPU falls off the bus; silent: the node stops heartbeats and telemetry;
+      hot_c: add this many degrees C; temp_c: pin the temperature at this value;
+      nvlink_down: this many NVLink links go down; nvlink_errors_per_s: NVLink error counters grow this fast;
+      ecc_uncorrected: this many uncorrectable ECC errors now; throttle: these throttle reasons are active;
+      flap: the fault is on for `flap` samples, then off for `flap` samples, and so on (a flapping sensor).
+    """
+
+    at: NonNegative = 0.0
+    node: str | None = None
+    domain: str | None = None
+    gpu: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    for_s: NonNegative | None = None
+    xid: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    lost: bool = False
+    silent: bool = False
+    hot_c: float = 0.0
+    temp_c: float | None = None
+    nvlink_down: Annotated[int, msgspec.Meta(ge=0)] = 0
+    nvlink_errors_per_s: NonNegative = 0.0
+    ecc_uncorrected: Annotated[int, msgspec.Meta(ge=0)] = 0
+    throttle: list[str] = []
+    flap: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
 class DeadLetter(msgspec.Struct, tag="dead.letter", kw_only=True, frozen=True):
     service: str
     subject: str
@@ -286,12 +401,14 @@ JOB_INTAKE = msgspec.msgpack.Decoder(JobIntake)
 ORDERS = msgspec.msgpack.Decoder(Order)
 AGENT_COMMANDS = msgspec.msgpack.Decoder(AgentCommand)
 AGENT_REPORTS = msgspec.msgpack.Decoder(AgentReport)
+TELEMETRY = msgspec.msgpack.Decoder(Telemetry)
 EVENTS = msgspec.msgpack.Decoder(Event)
 NODE_ADMIN = msgspec.msgpack.Decoder(NodeAdmin)
 ADMIN_REPLY = msgspec.msgpack.Decoder(AdminReply)
 JOB_RECORD = msgspec.msgpack.Decoder(JobRecord)
 ALLOCATION_RECORD = msgspec.msgpack.Decoder(AllocationRecord)
 NODE_RECORD = msgspec.msgpack.Decoder(NodeRecord)
+NODE_HEALTH_STATE = msgspec.msgpack.Decoder(NodeHealthState)
 JOB_BODY_JSON = msgspec.json.Decoder(JobBody)
 
 encode = msgspec.msgpack.Encoder().encode

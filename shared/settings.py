@@ -133,6 +133,19 @@ class Settings:
     missed_heartbeats: int = _env(
         "RACKSCALE_MISSED_HEARTBEATS", _count, 3, "heartbeats missed before a node is marked lost", kind="integer >= 1"
     )
+    telemetry_s: float = _env(
+        "RACKSCALE_TELEMETRY_S", _number, 5.0, "agent GPU telemetry period (s)", kind="number > 0"
+    )
+    health_rules_file: str | None = _env(
+        "RACKSCALE_HEALTH_RULES",
+        _text,
+        None,
+        "inventory: GPU health rules and hysteresis (YAML, shared.health); unset: the defaults",
+        kind="path",
+    )
+    fault_plan_file: str | None = _env(
+        "RACKSCALE_FAULT_PLAN", _text, None, "sim agents: scripted faults (YAML/JSON list of Fault)", kind="path"
+    )
     cycle_interval_s: float = _env(
         "RACKSCALE_CYCLE_INTERVAL_S", _number, 1.0, "placement cycle period (s)", kind="number > 0"
     )

@@ -6,6 +6,7 @@ state come in, decisions come out. The services, the simulator and the benchmark
 
 from shared.core.cycle import CycleConfig, CycleResult, Scheduler, TenantPolicy, order_jobs
 from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve
+from shared.core.migration import Evacuation, MigrationBudget, Movable, Move, Plan, plan_defrag, plan_evacuation
 from shared.core.policies import POLICIES, Context, Placement, Policy, get_policy
 from shared.core.shape import JobSpec, Need, Request, ShapeError, Slice, request
 from shared.core.state import Allocation, ClusterState, StateError
@@ -21,15 +22,20 @@ __all__ = [
     "CycleConfig",
     "CycleResult",
     "Decision",
+    "Evacuation",
     "GpuState",
     "Health",
     "JobSpec",
+    "MigrationBudget",
+    "Movable",
+    "Move",
     "Need",
     "NodeSpec",
     "NodeState",
     "Pending",
     "PendingCode",
     "Placement",
+    "Plan",
     "Policy",
     "Preempt",
     "Request",
@@ -44,5 +50,7 @@ __all__ = [
     "TopologyError",
     "get_policy",
     "order_jobs",
+    "plan_defrag",
+    "plan_evacuation",
     "request",
 ]
