@@ -71,6 +71,7 @@ class JobState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     PREEMPTED = "preempted"
+    MIGRATING = "migrating"  # checkpointing for a move; its GPUs stay held until every rank acknowledged
 
 
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
@@ -79,6 +80,17 @@ TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
 class NodeGpus(msgspec.Struct, frozen=True, array_like=True):
     node: str
     gpus: list[int]
+
+
+class MoveTicket(msgspec.Struct, kw_only=True):
+    """A move the queue carries out for the migration service (`JobRecord.move`, while migrating)."""
+
+    migration_id: str
+    target: list[NodeGpus]  # where the job restores (pinned); placement's commit checks every GPU is free
+    reason: str
+    since: float
+    acked: list[int] = []  # ranks whose checkpoint the agents acknowledged
+    ran_s: float = 0.0  # the attempt's run time, from the acknowledgements
 
 
 class JobRecord(msgspec.Struct, kw_only=True):
@@ -99,6 +111,9 @@ class JobRecord(msgspec.Struct, kw_only=True):
     started_ranks: list[int] = []
     inflight_since: float | None = None  # a PlaceOrder is out for this attempt
     trace: str = ""  # traceparent of the submit, so later hops join the job's trace
+    ran_s: float = 0.0  # run time banked by checkpoints: a restored attempt runs only what is left
+    checkpoint: str = ""  # ref of the newest checkpoint ("" none); a restore resumes from it
+    move: MoveTicket | None = None  # set while migrating
 
 
 class AllocationRecord(msgspec.Struct, kw_only=True, frozen=True):
@@ -167,7 +182,31 @@ class JobCancel(msgspec.Struct, tag="job.cancel", kw_only=True, frozen=True):
     reason: str = "cancelled by user"
 
 
-JobIntake = JobSubmitted | JobCancel
+class MoveOrder(msgspec.Struct, tag="job.move", kw_only=True, frozen=True):
+    """migration → queue: move a running attempt to `target` (checkpoint, release, pinned place, restore).
+
+    An empty `target` requeues the attempt instead (a job that can't be checkpointed, on failed hardware):
+    pending again, or failed when the job asked for `on_node_failure: fail`.
+    """
+
+    migration_id: str
+    job_id: str
+    attempt: int
+    target: list[NodeGpus]
+    reason: str
+    at: float
+
+
+class MoveAbort(msgspec.Struct, tag="job.move_abort", kw_only=True, frozen=True):
+    """migration → queue: a move whose checkpoint step timed out: requeue the job (no restore)."""
+
+    migration_id: str
+    job_id: str
+    reason: str
+    at: float
+
+
+JobIntake = JobSubmitted | JobCancel | MoveOrder | MoveAbort
 
 
 class PlaceOrder(msgspec.Struct, tag="order.place", kw_only=True, frozen=True):
@@ -178,6 +217,7 @@ class PlaceOrder(msgspec.Struct, tag="order.place", kw_only=True, frozen=True):
     command: list[str]
     duration_s: float
     decided_at: float
+    restore: str = ""  # checkpoint ref the ranks resume from ("" a fresh start)
 
 
 class ReleaseOrder(msgspec.Struct, tag="order.release", kw_only=True, frozen=True):
@@ -188,7 +228,15 @@ class ReleaseOrder(msgspec.Struct, tag="order.release", kw_only=True, frozen=Tru
     checkpoint: bool = False
 
 
-Order = PlaceOrder | ReleaseOrder
+class CheckpointOrder(msgspec.Struct, tag="order.checkpoint", kw_only=True, frozen=True):
+    """Checkpoint and stop a job's ranks; its GPUs stay held (the queue releases them after the acks)."""
+
+    job_id: str
+    attempt: int
+    reason: str
+
+
+Order = PlaceOrder | ReleaseOrder | CheckpointOrder
 
 
 class StartRank(msgspec.Struct, tag="agent.start", kw_only=True, frozen=True):
@@ -201,6 +249,7 @@ class StartRank(msgspec.Struct, tag="agent.start", kw_only=True, frozen=True):
     master_addr: str
     command: list[str]
     duration_s: float
+    restore: str = ""  # checkpoint ref to resume from ("" a fresh start); duration_s is then what is left
 
 
 class StopRank(msgspec.Struct, tag="agent.stop", kw_only=True, frozen=True):
@@ -317,6 +366,8 @@ class RankExited(msgspec.Struct, tag="agent.exited", kw_only=True, frozen=True):
     # the rank was stopped because its agent shut down (node taken out of service), not by the job:
     # the queue treats it like a node loss (requeue or fail by the job's on_node_failure)
     lost: bool = False
+    checkpointed: bool = False  # stopped by a checkpoint stop: the acknowledgement of a move's checkpoint
+    ran_s: float = 0.0  # how long the rank ran
 
 
 class NodeChanged(msgspec.Struct, tag="node.changed", kw_only=True, frozen=True):
@@ -351,7 +402,34 @@ class JobEvent(msgspec.Struct, tag="job.event", kw_only=True, frozen=True):
     tenant: str = ""
 
 
-Event = Committed | Rejected | Released | RankStarted | RankExited | NodeChanged | JobEvent
+class MigrationRecord(msgspec.Struct, kw_only=True):
+    """One move (or requeue) the migration service decided: its record in JetStream and Redis, the API's view."""
+
+    id: str
+    job_id: str
+    tenant: str
+    kind: Literal["evacuate", "defrag", "rebalance"]
+    why: str
+    attempt: int  # the job attempt moved; the restore runs as attempt + 1
+    source: list[NodeGpus]
+    target: list[NodeGpus]  # empty: requeued (not checkpointable)
+    state: Literal["requested", "checkpointing", "restoring", "done", "requeued", "rolled_back"] = "requested"
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    steps: dict[str, float] = {}  # step → when it was seen (requested, checkpointing, restoring, placed, running)
+    error: str = ""
+    cost_gpu_s: float = 0.0  # the planner's estimate: checkpoint + restore time x GPUs
+    gain_gpu_s: float = 0.0
+
+
+class MigrationEvent(msgspec.Struct, tag="migration.event", kw_only=True, frozen=True):
+    """migration → anyone, on `names.migration_events`: a move reached a step (the record after it)."""
+
+    record: MigrationRecord
+    at: float
+
+
+Event = Committed | Rejected | Released | RankStarted | RankExited | NodeChanged | JobEvent | MigrationEvent
 
 
 # -- fault plans (the sim backend's scripted faults; a file: strict) -----------------------------------------
@@ -408,6 +486,7 @@ ADMIN_REPLY = msgspec.msgpack.Decoder(AdminReply)
 JOB_RECORD = msgspec.msgpack.Decoder(JobRecord)
 ALLOCATION_RECORD = msgspec.msgpack.Decoder(AllocationRecord)
 NODE_RECORD = msgspec.msgpack.Decoder(NodeRecord)
+MIGRATION_RECORD = msgspec.msgpack.Decoder(MigrationRecord)
 NODE_HEALTH_STATE = msgspec.msgpack.Decoder(NodeHealthState)
 JOB_BODY_JSON = msgspec.json.Decoder(JobBody)
 
