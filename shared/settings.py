@@ -174,6 +174,41 @@ class Settings:
     tenants_file: str | None = _env(
         "RACKSCALE_TENANTS_FILE", _text, None, "queue: per-tenant GPU quota and fair-share weight (YAML)", kind="path"
     )
+    checkpoint_s: float = _env(
+        "RACKSCALE_CHECKPOINT_S",
+        _number,
+        0.5,
+        "time a checkpoint takes (sim agents take this long; the migration planner's cost estimate)",
+        kind="number > 0",
+    )
+    restore_s: float = _env(
+        "RACKSCALE_RESTORE_S", _number, 0.5, "migration: estimated time a restore takes (s)", kind="number > 0"
+    )
+    migration_interval_s: float = _env(
+        "RACKSCALE_MIGRATION_INTERVAL_S",
+        _number,
+        5.0,
+        "migration: period of defragmentation planning and step checks (s); health events act at once",
+        kind="number > 0",
+    )
+    migration_step_timeout_s: float = _env(
+        "RACKSCALE_MIGRATION_STEP_TIMEOUT_S",
+        _number,
+        30.0,
+        "migration: a move step (checkpoint, restore) not done this long is rolled back (s)",
+        kind="number > 0",
+    )
+    max_migrations: int = _env(
+        "RACKSCALE_MAX_MIGRATIONS", _count, 4, "migration: moves in flight at once", kind="integer >= 1"
+    )
+    migration_gpu_hours: float = _env(
+        "RACKSCALE_MIGRATION_GPU_HOURS",
+        _number,
+        64.0,
+        "migration: GPU-hours of moving (checkpoint + restore x GPUs) that defragmentation may start per hour",
+        kind="number > 0",
+    )
+    defrag: str = _env("RACKSCALE_DEFRAG", _choice("on", "off"), "on", "migration: defragmentation by moves")
     metrics_port: int = _env(
         "RACKSCALE_METRICS_PORT", _port, 0, "port of a service's /metrics and /healthz (0: none)", kind="0-65535"
     )

@@ -29,6 +29,13 @@ DEFAULTS: dict[str, Any] = {
     "stream_replicas": 1,
     "tokens_file": None,
     "tenants_file": None,
+    "checkpoint_s": 0.5,
+    "restore_s": 0.5,
+    "migration_interval_s": 5.0,
+    "migration_step_timeout_s": 30.0,
+    "max_migrations": 4,
+    "migration_gpu_hours": 64.0,
+    "defrag": "on",
     "metrics_port": 0,
     "log_level": "INFO",
 }
