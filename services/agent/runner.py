@@ -40,6 +40,7 @@ def rank_env(cmd: StartRank, base: Mapping[str, str] | None = None) -> dict[str,
         RACKSCALE_JOB_ID=cmd.job_id,
         RACKSCALE_ATTEMPT=str(cmd.attempt),
         RACKSCALE_NODE=cmd.node,
+        RACKSCALE_RESTORE=cmd.restore,  # checkpoint ref to resume from; empty for a fresh start
     )
     return env
 

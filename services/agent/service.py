@@ -64,7 +64,9 @@ class RankRun:
     reason: str = ""
     stop_reason: str | None = None
     lost: bool = False  # stopped by the agent's own shutdown
+    checkpointed: bool = False  # stopped by a checkpoint stop (a move): its exit acknowledges the checkpoint
     started_at: float = 0.0
+    ended_at: float = 0.0
     trace: dict[str, str] = field(default_factory=dict)  # headers carrying the StartRank's trace context
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -229,14 +231,20 @@ class AgentService(Service):
         for run in runs:
             if run.stop_reason is None:
                 run.stop_reason = cmd.reason + (" (checkpoint)" if cmd.checkpoint else "")
-            task = asyncio.create_task(self._stop_run(run), name=f"agent:{self.node}:stop:{cmd.job_id}")
+                run.checkpointed = cmd.checkpoint
+            # a simulated rank takes `checkpoint_s` to write its checkpoint; a real one gets SIGTERM and
+            # checkpoints within the stop grace
+            delay = self.deps.settings.checkpoint_s if cmd.checkpoint and self.backend.simulated else 0.0
+            task = asyncio.create_task(self._stop_run(run, delay), name=f"agent:{self.node}:stop:{cmd.job_id}")
             self._stoppers.add(task)
             task.add_done_callback(self._stoppers.discard)
         if not runs:
             log.info("%s: StopRank for %s: nothing of it runs here", self.node, cmd.job_id)
         return runs
 
-    async def _stop_run(self, run: RankRun) -> None:
+    async def _stop_run(self, run: RankRun, delay_s: float = 0.0) -> None:
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)
         if run.rank is not None and run.running:
             try:
                 await run.rank.stop(self.stop_grace_s)
@@ -262,7 +270,7 @@ class AgentService(Service):
         await self._publish_exit(run)
 
     def _finish(self, run: RankRun, code: int, reason: str) -> None:
-        run.exit_code, run.reason = code, reason
+        run.exit_code, run.reason, run.ended_at = code, reason, self.now()
         run.ended.set()
 
     async def _publish_exit(self, run: RankRun) -> None:
@@ -277,6 +285,8 @@ class AgentService(Service):
             at=self.now(),
             reason=run.reason,
             lost=run.lost,
+            checkpointed=run.checkpointed and not run.lost,
+            ran_s=max(0.0, run.ended_at - run.started_at),
         )
         await self._publish(exited, f"{cmd.job_id}:{cmd.attempt}:{cmd.rank}:exit", run.trace)
 

@@ -17,6 +17,7 @@ from shared.runtime import Deps, Service
 from shared.schemas import (
     ORDERS,
     AllocationRecord,
+    CheckpointOrder,
     Committed,
     Order,
     PlaceOrder,
@@ -49,6 +50,8 @@ class PlacementService(Service):
     async def handle(self, order: Order, headers: Mapping[str, str]) -> None:
         if isinstance(order, PlaceOrder):
             await self.place(order, headers)
+        elif isinstance(order, CheckpointOrder):
+            await self.checkpoint(order, headers)
         else:
             await self.release(order, headers)
 
@@ -98,8 +101,23 @@ class PlacementService(Service):
                 master_addr=order.master_addr,
                 command=order.command,
                 duration_s=order.duration_s,
+                restore=order.restore,
             )
             await self.bus.publish(self.names.agent_cmd(ng.node), cmd, msg_id=f"{key}:start:{rank}", headers=headers)
+
+    async def checkpoint(self, order: CheckpointOrder, headers: Mapping[str, str]) -> None:
+        """A move's first step: the ranks checkpoint and stop; the GPUs stay held until the queue releases them
+        (after every rank acknowledged), so nothing else lands on them while the checkpoint is written."""
+        held = await self.store.allocation(order.job_id)
+        if held is None or held.attempt != order.attempt:
+            log.info("checkpoint of %s:%d: the job holds no such allocation", order.job_id, order.attempt)
+            return
+        key = f"{order.job_id}:{order.attempt}"
+        for ng in held.nodes:
+            stop = StopRank(job_id=order.job_id, node=ng.node, reason=order.reason, checkpoint=True)
+            await self.bus.publish(
+                self.names.agent_cmd(ng.node), stop, msg_id=f"{key}:checkpoint:{ng.node}", headers=headers
+            )
 
     async def release(self, order: ReleaseOrder, headers: Mapping[str, str]) -> None:
         with self.tracer.span("placement.release", headers, {"rackscale.job_id": order.job_id}):
