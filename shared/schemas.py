@@ -257,6 +257,9 @@ class StopRank(msgspec.Struct, tag="agent.stop", kw_only=True, frozen=True):
     node: str
     reason: str
     checkpoint: bool = False
+    # stop only ranks of this attempt or older (0: every attempt): a late stop must never hit a newer attempt
+    # of the job started on the same node (a move that keeps some nodes)
+    attempt: int = 0
 
 
 AgentCommand = StartRank | StopRank

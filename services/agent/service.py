@@ -227,7 +227,11 @@ class AgentService(Service):
 
     def stop_rank(self, cmd: StopRank) -> list[RankRun]:
         """Stop every running rank of the job here, in the background (the consumer keeps going)."""
-        runs = [r for (job, _), r in self.runs.items() if job == cmd.job_id and r.running]
+        runs = [
+            r
+            for (job, attempt), r in self.runs.items()
+            if job == cmd.job_id and r.running and (not cmd.attempt or attempt <= cmd.attempt)
+        ]
         for run in runs:
             if run.stop_reason is None:
                 run.stop_reason = cmd.reason + (" (checkpoint)" if cmd.checkpoint else "")

@@ -114,7 +114,9 @@ class PlacementService(Service):
             return
         key = f"{order.job_id}:{order.attempt}"
         for ng in held.nodes:
-            stop = StopRank(job_id=order.job_id, node=ng.node, reason=order.reason, checkpoint=True)
+            stop = StopRank(
+                job_id=order.job_id, node=ng.node, reason=order.reason, checkpoint=True, attempt=order.attempt
+            )
             await self.bus.publish(
                 self.names.agent_cmd(ng.node), stop, msg_id=f"{key}:checkpoint:{ng.node}", headers=headers
             )
@@ -129,7 +131,13 @@ class PlacementService(Service):
         if held is not None:
             key = f"{order.job_id}:{held.attempt}"
             for ng in held.nodes:
-                stop = StopRank(job_id=order.job_id, node=ng.node, reason=order.reason, checkpoint=order.checkpoint)
+                stop = StopRank(
+                    job_id=order.job_id,
+                    node=ng.node,
+                    reason=order.reason,
+                    checkpoint=order.checkpoint,
+                    attempt=held.attempt,
+                )
                 subject = self.names.agent_cmd(ng.node)
                 await self.bus.publish(subject, stop, msg_id=f"{key}:stop:{ng.node}", headers=headers)
         await self.bus.publish(
