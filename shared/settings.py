@@ -109,6 +109,13 @@ def _text(raw: str) -> str:
     return raw
 
 
+def _web_url(raw: str) -> str:
+    url = urlsplit(raw)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise ValueError("is not an http:// or https:// URL")
+    return raw.rstrip("/")
+
+
 def _env(env: str, parser: _Parser | Callable[[str], Any], default: Any, doc: str, kind: str = "") -> Any:
     """A dataclass field whose metadata is its row in the settings table."""
     if not isinstance(parser, _Parser):
@@ -151,6 +158,13 @@ class Settings:
     )
     gateway_host: str = _env("RACKSCALE_GATEWAY_HOST", _text, "127.0.0.1", "HTTP gateway bind address", kind="host")
     gateway_port: int = _env("RACKSCALE_GATEWAY_PORT", _port, 8080, "HTTP gateway port", kind="0-65535")
+    jaeger_ui_url: str = _env(
+        "RACKSCALE_JAEGER_UI_URL",
+        _web_url,
+        "http://localhost:16686",
+        "gateway dashboard: Jaeger UI base for a job's trace link",
+        kind="URL (http:// | https://)",
+    )
     trace_exporter: str = _env(
         "RACKSCALE_TRACE_EXPORTER", _choice("none", "console", "otlp"), "none", "where OpenTelemetry spans go"
     )
