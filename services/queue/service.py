@@ -7,6 +7,8 @@ State machine (every transition is a JobEvent on the job's subject, its audit lo
        └────────────────────────┘                                  all ranks exit 0 ──▶ succeeded
     preempted / node down (requeue) ──▶ pending (attempt + 1)       a rank fails ──▶ failed
     cancel ──▶ cancelled (from any non-terminal state; GPUs released at once)
+    running ──MoveOrder──▶ migrating (ranks checkpoint, GPUs held) ──every rank's ack──▶ pending (attempt + 1,
+        its pinned PlaceOrder at the move's target in flight, restoring from the checkpoint) ──▶ placed ──▶ running
 
 A job's event always goes out before the order that frees its GPUs, so the event log alone shows
 who held which GPU when. Every handler is idempotent (at-least-once delivery): events for another
@@ -25,23 +27,25 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from services.inventory.topology import topology_from_records
+import msgspec
+
 from shared.bus import Retry
 from shared.core import Allocate, ClusterState, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
-from shared.core.state import Allocation as CoreAllocation
-from shared.core.state import indices_mask
-from shared.jobs import job_spec as spec_of
 from shared.runtime import Deps, Service
 from shared.schemas import (
     EVENTS,
     JOB_INTAKE,
     TERMINAL,
+    CheckpointOrder,
     Committed,
     JobCancel,
     JobEvent,
     JobRecord,
     JobState,
     JobSubmitted,
+    MoveAbort,
+    MoveOrder,
+    MoveTicket,
     NodeChanged,
     NodeGpus,
     PlaceOrder,
@@ -51,20 +55,15 @@ from shared.schemas import (
     Released,
     ReleaseOrder,
 )
+from shared.snapshot import UNPREEMPTIBLE, TopologyView, job_spec, occupy, occupy_held
 from shared.tenants import tenants_from_settings
 
 log = logging.getLogger("rackscale.queue")
 
 INFLIGHT_TIMEOUT_S = 15.0  # an order with no answer this long is decided again (with a new attempt)
-# GPUs the queue can't take back by preemption (an order on its way, a commit not yet seen as placed) go
-# into the cycle's state above every real priority, so the core never picks them as victims
-UNPREEMPTIBLE = 1 << 30
 LEASE_S = 5.0
-
-
-def job_spec(rec: JobRecord) -> JobSpec:
-    """The core's view of a job record."""
-    return spec_of(rec.spec, rec.id, rec.submitted_at)
+HOLDING = (JobState.PLACED, JobState.RUNNING, JobState.MIGRATING)  # states whose allocation is the job's own
+__all__ = ["UNPREEMPTIBLE", "QueueService", "job_spec", "occupy"]
 
 
 def _trace(rec: JobRecord) -> dict[str, str] | None:
@@ -79,44 +78,6 @@ def _not_before_commit(rec: JobRecord, attempt: int) -> None:
         raise Retry(f"job {rec.id} attempt {attempt}: commit not seen yet")
 
 
-def occupy(
-    state: ClusterState,
-    job_id: str,
-    nodes: list[NodeGpus],
-    rec: JobRecord | None,
-    now: float,
-    *,
-    preemptible: bool,
-) -> None:
-    """Put a job's GPUs into the cycle's state; `preemptible` only for a placed/running job on them."""
-    idx = [state.topo.node_index.get(ng.node) for ng in nodes]
-    if any(i is None for i in idx):
-        log.warning("job %s holds GPUs on nodes unknown to inventory: %s", job_id, nodes)
-        return
-    spec = job_spec(rec) if rec is not None else None
-    runtime = spec.expected_runtime_s if spec is not None and spec.expected_runtime_s is not None else 3600.0
-    start = rec.started_at if rec is not None and rec.started_at else now
-    free = state.free
-    # Only an in-flight order can overlap held GPUs (commits can't: the Lua check), and placement will
-    # reject it; its other GPUs still count as taken, or the cycle would hand them out a second time.
-    masks = [(i, indices_mask(ng.gpus) & free[i]) for ng, i in zip(nodes, idx, strict=True) if i is not None]
-    masks = [(i, m) for i, m in masks if m]
-    if not masks:
-        return
-    state.allocate(
-        CoreAllocation(
-            job_id,
-            tuple(i for i, _ in masks),
-            tuple(m for _, m in masks),
-            priority=(spec.priority if spec else 0) if preemptible else UNPREEMPTIBLE,
-            tenant=spec.tenant if spec else "",
-            checkpointable=spec.checkpointable if spec else False,
-            start=start,
-            expected_end=max(start + runtime, now),
-        )
-    )
-
-
 class QueueService(Service):
     name = "queue"
 
@@ -127,7 +88,7 @@ class QueueService(Service):
         self.kick = asyncio.Event()
         self.instance = uuid.uuid4().hex[:12]
         self.cycles = 0
-        self._topo_cache: tuple[int, Any] | None = None
+        self._topo = TopologyView(deps.store)
 
     async def start(self) -> None:
         n, stop = self.names, self.stop_event
@@ -136,6 +97,9 @@ class QueueService(Service):
         )
         self.spawn(
             self.bus.consume(n.job_cancel, n.consumer(self.name, "cancel"), JOB_INTAKE, self.on_intake, stop), "cancel"
+        )
+        self.spawn(
+            self.bus.consume(n.job_move, n.consumer(self.name, "move"), JOB_INTAKE, self.on_intake, stop), "move"
         )
         for what, subject in (("placement", n.placement_events), ("agent", n.agent_events), ("node", n.node_events)):
             self.spawn(self.bus.consume(subject, n.consumer(self.name, what), EVENTS, self.on_event, stop), what)
@@ -154,7 +118,7 @@ class QueueService(Service):
             reason=rec.reason,
             at=rec.updated_at,
             attempt=rec.attempt,
-            nodes=rec.allocation if rec.state in (JobState.PLACED, JobState.RUNNING) else [],
+            nodes=rec.allocation if rec.state in HOLDING else [],
             tenant=rec.spec.tenant,
         )
         hdrs = dict(headers or {})
@@ -173,11 +137,17 @@ class QueueService(Service):
         )
 
     # -- intake --------------------------------------------------------------------------------------------
-    async def on_intake(self, msg: JobSubmitted | JobCancel, headers: Mapping[str, str]) -> None:
+    async def on_intake(
+        self, msg: JobSubmitted | JobCancel | MoveOrder | MoveAbort, headers: Mapping[str, str]
+    ) -> None:
         if isinstance(msg, JobSubmitted):
             await self.on_submit(msg, headers)
-        else:
+        elif isinstance(msg, JobCancel):
             await self.on_cancel(msg)
+        elif isinstance(msg, MoveOrder):
+            await self.on_move(msg)
+        else:
+            await self.on_move_abort(msg)
 
     async def on_submit(self, msg: JobSubmitted, headers: Mapping[str, str]) -> None:
         existing = await self.store.get_job(msg.job_id)
@@ -295,6 +265,9 @@ class QueueService(Service):
             await self.emit(rec)
 
     async def on_exited(self, ev: RankExited) -> None:
+        if ev.checkpointed:
+            await self.on_checkpointed(ev)
+            return
         if ev.lost and ev.exit_code != 0:
             rec = await self.store.get_job(ev.job_id)
             if rec is not None:
@@ -305,7 +278,7 @@ class QueueService(Service):
 
         def exited(rec: JobRecord) -> JobRecord | None:
             _not_before_commit(rec, ev.attempt)
-            if rec.attempt != ev.attempt or rec.state not in (JobState.PLACED, JobState.RUNNING):
+            if rec.attempt != ev.attempt or rec.state not in HOLDING:
                 return None
             key = f"{ev.node}/{ev.rank}"
             if key in rec.exit_codes:
@@ -323,6 +296,8 @@ class QueueService(Service):
                 )
             elif len(rec.exit_codes) == len(rec.allocation):
                 rec.state, rec.ended_at, rec.reason = JobState.SUCCEEDED, now, ""
+            if rec.state in TERMINAL:
+                rec.move = None  # it ended before its checkpoint: nothing left to move
             return rec
 
         rec, _ = await self.store.update_job(ev.job_id, exited)
@@ -336,7 +311,7 @@ class QueueService(Service):
             self.kick.set()
             return
         for rec in await self.store.active_jobs():
-            if rec.state not in (JobState.PLACED, JobState.RUNNING):
+            if rec.state not in HOLDING:
                 continue
             if any(ng.node == ev.node for ng in rec.allocation):
                 await self._lose(rec.id, rec.attempt, ev.node, f"node {ev.node} went down: {ev.reason}")
@@ -347,8 +322,9 @@ class QueueService(Service):
         now = self.now()
 
         def fail_or_requeue(r: JobRecord) -> JobRecord | None:
-            if r.attempt != attempt or r.state not in (JobState.PLACED, JobState.RUNNING):
+            if r.attempt != attempt or r.state not in HOLDING:
                 return None
+            r.move = None
             if r.spec.on_node_failure == "fail":
                 r.state, r.ended_at, r.reason = JobState.FAILED, now, reason
             else:
@@ -362,7 +338,7 @@ class QueueService(Service):
             await self.emit(new)
             await self.bus.publish(
                 self.names.orders,
-                ReleaseOrder(job_id=job_id, reason=f"node {node} lost"),
+                ReleaseOrder(job_id=job_id, reason=f"node {node} lost" if node else reason),
                 msg_id=f"{job_id}:{attempt}:release:node",
                 headers=_trace(new),
             )
@@ -397,11 +373,7 @@ class QueueService(Service):
 
     async def _topology(self) -> tuple[Any, Any] | None:
         """The core's topology and health from inventory's records; None until a node registers."""
-        gen = await self.store.topology_generation()
-        if self._topo_cache is None or self._topo_cache[0] != gen:
-            records = await self.store.nodes()
-            self._topo_cache = (gen, topology_from_records(records) if records else None)
-        return self._topo_cache[1]
+        return await self._topo.get()
 
     async def _domains(self, nodes: list[str]) -> list[str]:
         known = await self._topology()
@@ -426,15 +398,7 @@ class QueueService(Service):
             return  # no GPU node has registered yet: jobs keep waiting with their intake reason
         topo, health = known
         state = ClusterState(topo, health)
-        held: set[str] = set()
-        for alloc in await self.store.allocations():
-            rec = jobs.get(alloc.job_id)
-            # only a job the queue knows as placed/running on this very allocation can be preempted
-            movable = (
-                rec is not None and rec.state in (JobState.PLACED, JobState.RUNNING) and rec.attempt == alloc.attempt
-            )
-            occupy(state, alloc.job_id, alloc.nodes, rec, now, preemptible=movable)
-            held.add(alloc.job_id)
+        held = occupy_held(state, await self.store.allocations(), jobs, now)
         pending: list[JobSpec] = []
         for rec in jobs.values():
             if rec.state is not JobState.PENDING:
@@ -466,6 +430,21 @@ class QueueService(Service):
             elif isinstance(d, Pending | Reserve) and jobs[d.job_id].reason != d.reason:
                 await self._set_reason(d.job_id, d.reason, now)
 
+    def _place_order(self, rec: JobRecord, now: float) -> PlaceOrder:
+        """The order for the record's in-flight attempt; a job with a checkpoint restores from it and runs
+        only what is left of its duration."""
+        nodes = rec.allocation
+        return PlaceOrder(
+            job_id=rec.id,
+            attempt=rec.attempt,
+            nodes=nodes,
+            master_addr=nodes[0].node,
+            command=list(rec.spec.command),
+            duration_s=max(0.0, rec.spec.duration_s - rec.ran_s),
+            decided_at=now,
+            restore=rec.checkpoint,
+        )
+
     async def _order(self, rec: JobRecord, d: Allocate, topo: Any, now: float) -> None:
         nodes = [NodeGpus(n, list(g)) for n, g in d.gpus_by_node(topo).items()]
         attempt = rec.attempt + 1
@@ -480,15 +459,7 @@ class QueueService(Service):
         new, changed = await self.store.update_job(rec.id, inflight)
         if not changed or new is None:
             return
-        order = PlaceOrder(
-            job_id=rec.id,
-            attempt=attempt,
-            nodes=nodes,
-            master_addr=nodes[0].node,
-            command=list(rec.spec.command),
-            duration_s=rec.spec.duration_s,
-            decided_at=now,
-        )
+        order = self._place_order(new, now)
         parent = {"traceparent": rec.trace} if rec.trace else None
         attrs = {
             "rackscale.job_id": rec.id,
@@ -543,6 +514,96 @@ class QueueService(Service):
         if rec is not None and changed:
             await self.emit(rec)
         return True
+
+    # -- moves: checkpoint → ack → release → place (pinned) → restore --------------------------------------
+    async def on_move(self, m: MoveOrder) -> None:
+        """The migration service's move. A running checkpointable attempt turns migrating and its ranks
+        checkpoint (GPUs still held); an empty target requeues the attempt instead (by on_node_failure)."""
+        if not m.target:
+            await self._lose(m.job_id, m.attempt, "", f"evacuated: {m.reason}")
+            return
+        now = self.now()
+
+        def migrate(r: JobRecord) -> JobRecord | None:
+            if r.state is not JobState.RUNNING or r.attempt != m.attempt or not r.spec.checkpointable:
+                return None  # ended, moved or requeued meanwhile: the migration service sees it and gives up
+            r.state, r.reason, r.updated_at = JobState.MIGRATING, f"migrating: {m.reason}", now
+            r.move = MoveTicket(migration_id=m.migration_id, target=list(m.target), reason=m.reason, since=now)
+            return r
+
+        rec, _ = await self.store.update_job(m.job_id, migrate)
+        if rec is None or rec.state is not JobState.MIGRATING or rec.move is None:
+            return
+        if rec.move.migration_id != m.migration_id or rec.attempt != m.attempt:
+            return
+        # also on redelivery: the event and the order may not have gone out (msg ids dedupe repeats)
+        await self.emit(rec)
+        await self.bus.publish(
+            self.names.orders,
+            CheckpointOrder(job_id=rec.id, attempt=rec.attempt, reason=rec.reason),
+            msg_id=f"{rec.id}:{rec.attempt}:checkpoint",
+            headers=_trace(rec),
+        )
+
+    async def on_checkpointed(self, ev: RankExited) -> None:
+        """A rank's checkpoint is written (the agent's ack). With every rank's: release the old GPUs and
+        place the next attempt on the move's target, restoring from the checkpoint."""
+        now = self.now()
+
+        def acked(r: JobRecord) -> JobRecord | None:
+            mv = r.move
+            if r.state is not JobState.MIGRATING or r.attempt != ev.attempt or mv is None or ev.rank in mv.acked:
+                return None
+            acks, ran = sorted([*mv.acked, ev.rank]), max(mv.ran_s, ev.ran_s)
+            r.updated_at = now
+            if len(acks) < len(r.allocation):
+                r.move = msgspec.structs.replace(mv, acked=acks, ran_s=ran)
+                return r
+            r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, ev.attempt + 1, list(mv.target), []
+            r.started_ranks, r.exit_codes, r.inflight_since, r.move = [], {}, now, None
+            r.ran_s, r.checkpoint = r.ran_s + ran, f"{r.id}:{ev.attempt}"
+            r.reason = "migrating: restoring on " + ", ".join(ng.node for ng in mv.target)
+            return r
+
+        rec, changed = await self.store.update_job(ev.job_id, acked)
+        if rec is None or not changed or rec.state is not JobState.PENDING or rec.attempt != ev.attempt + 1:
+            return
+        await self.emit(rec)
+        # release first: placement handles orders in order, so the pinned commit finds the GPUs free
+        await self.bus.publish(
+            self.names.orders,
+            ReleaseOrder(job_id=rec.id, reason="migrating: checkpoint written"),
+            msg_id=f"{rec.id}:{ev.attempt}:release:migrate",
+            headers=_trace(rec),
+        )
+        order = self._place_order(rec, now)
+        await self.bus.publish(self.names.orders, order, msg_id=f"{rec.id}:{rec.attempt}:place", headers=_trace(rec))
+
+    async def on_move_abort(self, m: MoveAbort) -> None:
+        """A move whose checkpoint never completed: requeue the job from its last complete checkpoint."""
+        now = self.now()
+        attempt: list[int] = []
+
+        def abort(r: JobRecord) -> JobRecord | None:
+            if r.state is not JobState.MIGRATING or r.move is None or r.move.migration_id != m.migration_id:
+                return None
+            attempt.append(r.attempt)
+            r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, r.attempt + 1, [], []
+            r.started_ranks, r.exit_codes, r.move, r.updated_at = [], {}, None, now
+            r.reason = f"requeued: move aborted ({m.reason})"
+            return r
+
+        rec, changed = await self.store.update_job(m.job_id, abort)
+        if rec is None or not changed:
+            return
+        await self.emit(rec)
+        await self.bus.publish(
+            self.names.orders,
+            ReleaseOrder(job_id=rec.id, reason=rec.reason),
+            msg_id=f"{rec.id}:{attempt[0]}:release:abort",
+            headers=_trace(rec),
+        )
+        self.kick.set()
 
     async def _set_reason(self, job_id: str, reason: str, now: float) -> None:
         def why(r: JobRecord) -> JobRecord | None:
