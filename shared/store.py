@@ -19,12 +19,14 @@ from shared.names import Names
 from shared.schemas import (
     ALLOCATION_RECORD,
     JOB_RECORD,
+    NODE_HEALTH_STATE,
     NODE_RECORD,
     TERMINAL,
     AllocationRecord,
     JobRecord,
     JobState,
     NodeGpus,
+    NodeHealthState,
     NodeRecord,
     encode,
 )
@@ -123,6 +125,18 @@ class Store:
             return []
         raws = await self.r.mget([self.names.node_key(x) for x in names])
         return [NODE_RECORD.decode(raw) for raw in raws if raw]
+
+    async def node_with_health(self, name: str) -> tuple[NodeRecord | None, NodeHealthState | None]:
+        """A node's record and its health rules' state, in one round trip (a telemetry sample needs both)."""
+        raw_node, raw_health = await self.r.mget([self.names.node_key(name), self.names.health_state_key(name)])
+        node = NODE_RECORD.decode(raw_node) if raw_node else None
+        return node, (NODE_HEALTH_STATE.decode(raw_health) if raw_health else None)
+
+    async def put_health_state(self, name: str, state: NodeHealthState) -> None:
+        await self.r.set(self.names.health_state_key(name), encode(state))
+
+    async def delete_health_state(self, name: str) -> None:
+        await self.r.delete(self.names.health_state_key(name))
 
     async def topology_generation(self) -> int:
         return int(await self.r.get(self.names.topo_gen_key) or 0)
