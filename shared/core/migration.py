@@ -328,7 +328,8 @@ def _defraggable(state: ClusterState, req: Request) -> bool:
 
 def natural_wait(state: ClusterState, req: Request, now: float) -> float:
     """Estimated wait without moves: when running jobs' expected ends free enough pieces of the job's run
-    size, domain by domain (a node is free once every job on it has ended). INF when nothing ends."""
+    size, domain by domain (a node is free once every job on it has ended; a job past its expected end is
+    guessed to run `OVERDUE_SHARE` of its elapsed time more). INF when nothing ends."""
     topo = state.topo
     level, size = req.slices[0]
     pieces = req.nodes // size
@@ -342,8 +343,7 @@ def natural_wait(state: ClusterState, req: Request, now: float) -> float:
             if state.node_fits(n, k, excl):
                 free_at.append(now)
                 continue
-            ends = [state.allocs[j].expected_end for j in state.node_jobs[n]]
-            free_at.append(max([max(e, now) for e in ends], default=now))
+            free_at.append(max((_expected_end(state.allocs[j], now) for j in state.node_jobs[n]), default=now))
         free_at.sort()
         for p in range(1, len(free_at) // size + 1):
             times.append(free_at[p * size - 1])
@@ -351,6 +351,16 @@ def natural_wait(state: ClusterState, req: Request, now: float) -> float:
         return INF
     times.sort()
     return max(0.0, times[pieces - 1] - now)
+
+
+OVERDUE_SHARE = 0.25  # a job past its expected end is guessed to need this share of its elapsed time more
+
+
+def _expected_end(alloc: Allocation, now: float) -> float:
+    """The allocation's expected end; for a job already past it (estimates run short), a guess further on."""
+    if alloc.expected_end > now:
+        return alloc.expected_end
+    return now + OVERDUE_SHARE * max(now - alloc.start, 0.0)
 
 
 @dataclass(slots=True)
