@@ -92,6 +92,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seeds", type=_ints, default=None, help="several seeds, e.g. 1,2,3,4,5: mean and spread")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--failures", choices=("on", "off"), default="on")
+    p.add_argument(
+        "--migration",
+        choices=("on", "off"),
+        default="off",
+        help="the core's migration planner: evacuate failed nodes, defragment for blocked jobs (default off)",
+    )
+    p.add_argument(
+        "--migration-interval", type=float, default=300.0, help="simulated seconds between defragmentation plans"
+    )
+    p.add_argument("--max-moves", type=int, default=4, help="moves in flight at once (migration budget)")
     p.add_argument("--mtbf-days", type=float, default=60.0, help="mean time between failures per node")
     p.add_argument("--repair-hours", type=float, default=24.0, help="mean repair time")
     p.add_argument(
@@ -161,6 +171,7 @@ class ProgressBar:
 
 
 def build_experiment(args: argparse.Namespace) -> Any:
+    from shared.core import MigrationBudget
     from shared.sim.engine import SimConfig
     from shared.sim.experiment import Experiment, TraceSpec
     from shared.sim.fleet import FailureModel, FleetConfig
@@ -200,6 +211,9 @@ def build_experiment(args: argparse.Namespace) -> Any:
         preemption=not args.no_preemption,
         cycle_interval_s=args.cycle_interval,
         queue_depth=args.queue_depth or None,
+        migration=args.migration == "on",
+        migration_interval_s=args.migration_interval,
+        migration_budget=MigrationBudget(max_moves=args.max_moves),
     )
     seeds = args.seeds or (args.seed,)
     return Experiment(traces, policies, seeds, args.load, sim, mapping, max(1, args.workers))

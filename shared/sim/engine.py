@@ -34,11 +34,16 @@ from shared.core import (
     ClusterState,
     CycleConfig,
     JobSpec,
+    MigrationBudget,
+    Movable,
+    Move,
     Pending,
     PendingCode,
     Preempt,
     Reserve,
     Scheduler,
+    plan_defrag,
+    plan_evacuation,
 )
 from shared.sim.fleet import FailureModel, FleetConfig, NodeFailures
 from shared.sim.mapping import SimJob
@@ -46,8 +51,8 @@ from shared.sim.slowdown import SlowdownModel
 
 END, FAIL, REPAIR, TICK = 0, 1, 2, 3
 
-# attempt outcomes
-DONE, KILLED, PREEMPTED, CUT = "done", "killed", "preempted", "cut"
+# attempt outcomes (MOVED: checkpointed and moved by the migration planner, work kept)
+DONE, KILLED, PREEMPTED, CUT, MOVED = "done", "killed", "preempted", "cut", "moved"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +77,11 @@ class SimConfig:
     check_state: bool = False  # state.check() after every event batch (tests; slow)
     # scripted outages (node index, down at, up at), on top of (or instead of) the random failures
     outages: tuple[tuple[int, float, float], ...] = ()
+    # migration (the core's planner, shared/core/migration.py): evacuation on node failures and
+    # defragmentation for blocked jobs at most every `migration_interval_s`; off keeps issue-4 runs as they were
+    migration: bool = False
+    migration_budget: MigrationBudget = field(default_factory=MigrationBudget)
+    migration_interval_s: float = 300.0
 
     def cycle_config(self) -> CycleConfig:
         return CycleConfig(
@@ -143,6 +153,24 @@ class SimResult:
     free_runs: list[int]  # sampled count of domains per free whole-node run length
     cycle_time_s: float = 0.0  # wall time inside Scheduler.cycle, when a timer was injected
     state_checks: int = 0  # full state.check() runs (check_state)
+    migration: MigrationStats | None = None  # None: migration off
+
+
+@dataclass(slots=True)
+class MigrationStats:
+    """What the migration planner did in a run (GPU-seconds unless said otherwise)."""
+
+    defrag_plans: int = 0  # plans applied
+    defrag_moves: int = 0
+    staged_plans: int = 0  # plans whose beneficiary needed later moves too
+    evac_moves: int = 0  # jobs moved off a failed node instead of requeued
+    evac_in_place: int = 0  # of those, only the failed node's ranks moved (spare in the same domain)
+    evac_requeued: int = 0  # jobs on a failed node the planner requeued
+    pause_gpu_s: float = 0.0  # GPUs x (checkpoint + restore) of defrag moves, restore of evacuations
+    gain_gpu_s: float = 0.0  # planner's estimate of the beneficiaries' wait avoided (GPUs x wait)
+    beneficiaries_started: int = 0  # beneficiaries that started at the plan's time
+    plan_calls: int = 0
+    plan_time_s: float = 0.0  # wall time inside the planner, when a timer was injected
 
 
 class PendingQueue:
@@ -220,6 +248,13 @@ class Simulator:
         self.kmax = self.topo.max_node_gpus
         self.healthy = sum(self.topo.node_gpus)
         self.allocated = 0
+        # migration: running checkpointable jobs the planner may move, moves under way, budget use
+        self.mig: MigrationStats | None = MigrationStats() if config.migration else None
+        self.movable: dict[str, Movable] = {}
+        self.moving: list[tuple[float, str]] = []  # (pause end, job id)
+        self.move_spend: list[tuple[float, float]] = []  # (time, GPU-s) of moves started
+        self.next_defrag = -math.inf
+        self.waiting_for: dict[str, float] = {}  # beneficiary -> plan time
 
     # -- event plumbing -----------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
@@ -330,6 +365,8 @@ class Simulator:
                     n_fail += 1
                     state.set_usable(a, False)
                     self.healthy -= self.topo.node_gpus[a]
+                    if self.mig is not None:
+                        dirty |= self._evacuate(a, t)
                     for jid in sorted(state.node_jobs[a]):
                         i = self.index[jid]
                         state.release(jid)
@@ -399,6 +436,11 @@ class Simulator:
                     if jid in self.pending:
                         head = jid
                         break
+                if self.mig is not None:
+                    self._note_started(decisions, t)
+                    if head is not None and t >= self.next_defrag and self._defrag(result.order, t):
+                        dirty = True
+                        self._push(t, TICK, 0)  # the beneficiary is decided at this same instant
                 frag_now = 0
                 if head is not None:
                     free = self.healthy - self.allocated
@@ -455,16 +497,20 @@ class Simulator:
             free_runs=free_runs,
             cycle_time_s=cycle_time,
             state_checks=state_checks,
+            migration=self.mig,
         )
 
     # -- attempts -------------------------------------------------------------------------------------------
-    def _start(self, i: int, t: float, nodes: tuple[int, ...]) -> None:
+    def _start(self, i: int, t: float, nodes: tuple[int, ...], overhead: float | None = None) -> None:
         r = self.runs[i]
         job = r.job
         doms = [self.dom_of[n] for n in nodes]
         cross = self.cfg.slowdown.cross_share(doms, job.unit_nodes) if job.sensitive else 0.0
         slow = self.cfg.slowdown.factor(cross) if cross else 1.0
-        overhead = job.ckpt_cost_s if r.remaining < job.duration_s else 0.0
+        if overhead is None:
+            overhead = job.ckpt_cost_s if r.remaining < job.duration_s else 0.0
+        if self.mig is not None and job.spec.checkpointable:
+            self.movable[job.id] = Movable(r.spec, job.ckpt_cost_s, job.ckpt_cost_s)
         r.running = True
         r.attempt_no += 1
         r.start, r.overhead, r.slowdown, r.cross, r.nodes = t, overhead, slow, cross, nodes
@@ -488,6 +534,8 @@ class Simulator:
         )
         r.running = False
         self.allocated -= r.job.gpus
+        if self.mig is not None:
+            self.movable.pop(r.job.id, None)
         return keep
 
     def _interrupt(self, i: int, t: float, outcome: str) -> None:
@@ -512,6 +560,96 @@ class Simulator:
         est = job.spec.expected_runtime_s or job.duration_s
         r.spec = replace(job.spec, expected_runtime_s=est * r.remaining / job.duration_s + job.ckpt_cost_s)
         self.pending.add(r.spec)
+
+    # -- migration ------------------------------------------------------------------------------------------
+    def _evacuate(self, node: int, t: float) -> bool:
+        """A node just failed (already unusable): the core's planner moves its checkpointable jobs (a spare
+        node in the same domain when there is one), each losing the work since its last periodic checkpoint
+        and restarting at once; what it requeues is left on the node for the caller's kill-and-requeue."""
+        assert self.mig is not None
+        if not self.state.node_jobs[node]:
+            return False
+        plan = plan_evacuation(self.state, {node: self._all_gpus(node)}, self.movable, self.sched.policy, t)
+        self.mig.evac_requeued += len(plan.requeue)
+        step = self.cfg.ckpt_interval_s
+        for mv in plan.moves:
+            i = self.index[mv.job_id]
+            r = self.runs[i]
+            done = self._done(i, t)
+            kept = math.floor(done / step) * step if step > 0 else done
+            self._relocate(i, t, mv, kept, r.job.ckpt_cost_s, KILLED)
+            r.kills += 1
+            self.mig.evac_moves += 1
+            self.mig.evac_in_place += mv.in_place
+        return False
+
+    def _all_gpus(self, node: int) -> int:
+        return (1 << self.topo.node_gpus[node]) - 1
+
+    def _done(self, i: int, t: float) -> float:
+        r = self.runs[i]
+        return min(r.remaining, max(0.0, (t - r.start - r.overhead) / r.slowdown))
+
+    def _relocate(self, i: int, t: float, mv: Move, kept: float, pause: float, outcome: str) -> None:
+        """Close the job's attempt keeping `kept` work and start it at the move's destination after `pause`."""
+        assert self.mig is not None
+        r = self.runs[i]
+        self.state.release(mv.job_id)
+        self.state.allocate(mv.allocation())
+        self._close(i, t, outcome, kept)
+        r.remaining -= kept
+        self._start(i, t, mv.dst.nodes, overhead=pause)
+        self.mig.pause_gpu_s += pause * r.job.gpus
+        self.moving.append((t + pause, mv.job_id))
+
+    def _defrag(self, order: list[str], t: float) -> bool:
+        """Ask the planner for moves that let a blocked job start; apply them. True when something moved."""
+        mig, cfg = self.mig, self.cfg
+        assert mig is not None
+        self.next_defrag = t + cfg.migration_interval_s
+        self.moving = [(e, j) for e, j in self.moving if e > t]
+        hour = t - 3600.0
+        self.move_spend = [(s, c) for s, c in self.move_spend if s > hour]
+        budget = replace(
+            cfg.migration_budget,
+            in_flight=len(self.moving),
+            spent_gpu_s=sum(c for _, c in self.move_spend),
+        )
+        if budget.moves_left < 1:
+            return False
+        busy = {j for _, j in self.moving}
+        movable = {j: m for j, m in self.movable.items() if j not in busy} if busy else self.movable
+        pending = [self.pending[j] for j in order if j in self.pending]
+        t0 = self.timer() if self.timer else 0.0
+        mig.plan_calls += 1
+        plan = plan_defrag(
+            self.state, pending, movable, self.sched.policy, budget, t, self.sched.config.default_runtime_s
+        )
+        if self.timer:
+            mig.plan_time_s += self.timer() - t0
+        if plan is None:
+            return False
+        for mv in plan.moves:
+            i = self.index[mv.job_id]
+            mv_cost = self.movable[mv.job_id]
+            self._relocate(i, t, mv, self._done(i, t), mv_cost.checkpoint_s + mv_cost.restore_s, MOVED)
+            self.move_spend.append((t, mv.cost_gpu_s))
+        mig.defrag_plans += 1
+        mig.defrag_moves += len(plan.moves)
+        mig.staged_plans += not plan.complete
+        mig.gain_gpu_s += plan.gain_gpu_s if plan.complete else 0.0
+        if plan.beneficiary is not None and plan.complete:
+            self.waiting_for[plan.beneficiary] = t
+        return True
+
+    def _note_started(self, decisions: list, t: float) -> None:
+        assert self.mig is not None
+        if not self.waiting_for:
+            return
+        for d in decisions:
+            if isinstance(d, Allocate) and self.waiting_for.pop(d.job_id, None) == t:
+                self.mig.beneficiaries_started += 1
+        self.waiting_for = {j: pt for j, pt in self.waiting_for.items() if pt >= t}
 
     # -- gauges ---------------------------------------------------------------------------------------------
     def _large_avail(self) -> int:

@@ -210,6 +210,15 @@ def summarise(exp: Experiment, work: Workload, outs: Sequence[RunOut]) -> dict[s
             "queue_depth": sim.queue_depth,
             "ckpt_interval_s": sim.ckpt_interval_s,
             "large_nodes": sim.large_nodes,
+            **(
+                {
+                    "migration": True,
+                    "migration_interval_s": sim.migration_interval_s,
+                    "migration_budget": asdict(sim.migration_budget),
+                }
+                if sim.migration
+                else {}
+            ),
         },
         "loaded": [lt.summary() for lt in work.loaded],
         "mapping_skipped": first.mapping_skipped if first else {},

@@ -22,13 +22,20 @@ a few very long jobs after the last arrival. Definitions (GPU-seconds unless sai
   (``sum over domains of floor(free whole nodes / 16) x 16 x 4``); ``large_avail_share``: that over the
   free GPUs (how much of the idle capacity is in a shape a large job can use).
 - ``large_wait_p95`` (s): wait p95 of jobs of 16 nodes or more (``null`` when there are none).
-- ``preemptions``: attempts ended by `Preempt`; ``migrations``: running jobs moved (0: the simulator
-  does not run the migration service, which the core doesn't contain); ``reservations``: jobs that got a
+- ``preemptions``: attempts ended by `Preempt`; ``migrations``: running jobs moved by the core's
+  migration planner (0 with migration off); ``reservations``: jobs that got a
   reservation before starting; ``reservation_hits``: of those, started no later than first promised;
   ``reservation_hit_rate`` = hits / reservations.
 - ``failures``, ``failure_kills``: node failures and the job attempts they killed;
   ``lost_gpu_h``: GPU-hours of work lost to kills; ``slowdown_gpu_h``: GPU-hours lost to cross-domain
-  slowdown; ``overhead_gpu_h``: restore time.
+  slowdown; ``overhead_gpu_h``: restore time (and the pauses of moved jobs).
+- With migration on (``--migration on``) also: ``moves_per_day`` (moves over the run's length from the
+  window start), ``defrag_plans`` / ``defrag_moves`` / ``staged_plans``, ``evac_moves`` (jobs moved off a
+  failed node instead of requeued; ``evac_in_place``: only the failed node's ranks moved, to a spare in
+  the same domain), ``evac_requeued``, ``move_pause_gpu_h`` (GPU-hours the moved jobs stood still:
+  checkpoint + restore for defragmentation, restore for evacuation; counted in ``overhead_gpu_h`` and not
+  useful, so goodput is net of it), ``move_gain_gpu_h`` (the planner's estimate of the waiting it saved:
+  beneficiary GPUs x estimated wait, complete plans only), ``beneficiaries_started``.
 """
 
 from __future__ import annotations
@@ -165,6 +172,30 @@ def compute(res: SimResult) -> dict[str, float | int | None]:
         "overhead_gpu_h": overhead / 3600.0,
         "events": res.events,
         "cycles": res.cycles,
+        **_migration(res, w0),
+    }
+
+
+def _migration(res: SimResult, w0: float) -> dict[str, float | int]:
+    """Migration figures, only for runs with migration on (so migration-off reports stay as they were)."""
+    mig = res.migration
+    if mig is None:
+        return {}
+    moves = mig.defrag_moves + mig.evac_moves
+    days = max(res.end_time - w0, 1.0) / 86400.0
+    return {
+        "migrations": moves,
+        "moves_per_day": moves / days,
+        "defrag_plans": mig.defrag_plans,
+        "defrag_moves": mig.defrag_moves,
+        "staged_plans": mig.staged_plans,
+        "evac_moves": mig.evac_moves,
+        "evac_in_place": mig.evac_in_place,
+        "evac_requeued": mig.evac_requeued,
+        "move_pause_gpu_h": mig.pause_gpu_s / 3600.0,
+        "move_gain_gpu_h": mig.gain_gpu_s / 3600.0,
+        "beneficiaries_started": mig.beneficiaries_started,
+        "plan_calls": mig.plan_calls,
     }
 
 

@@ -41,7 +41,14 @@ LABELS: dict[str, tuple[str, str]] = {
     "lost_gpu_h": ("GPU-h lost to kills", "num"),
     "slowdown_gpu_h": ("GPU-h lost to cross-domain slowdown", "num"),
     "unfinished": ("unfinished jobs", "num"),
+    "moves_per_day": ("moves per day", "num"),
+    "defrag_moves": ("defragmentation moves", "num"),
+    "evac_moves": ("evacuation moves (off failed nodes)", "num"),
+    "evac_in_place": ("of those, in place on a spare", "num"),
+    "move_pause_gpu_h": ("GPU-h paused by moves", "num"),
+    "move_gain_gpu_h": ("GPU-h of waiting the plans saved (est.)", "num"),
 }
+MIGRATION_ROWS = ("moves_per_day", "defrag_moves", "evac_moves", "evac_in_place", "move_pause_gpu_h", "move_gain_gpu_h")
 
 
 def fmt_value(v: float | None, kind: str) -> str:
@@ -98,11 +105,13 @@ def markdown(summary: dict[str, Any], title: str = "Simulation report") -> str:
             if params["failures"]["enabled"]
             else "off"
         )
+        + (". Migration: on" if params.get("migration") else "")
         + f". Seeds: {', '.join(str(s) for s in params['seeds'])}"
         + (" (mean ± sample std)." if seeds > 1 else ".")
     )
     lines += ["", "| metric | " + " | ".join(pols) + " |", "| --- |" + " ---: |" * len(pols)]
-    for key in (*HEADLINE, "failure_kills", "lost_gpu_h", "slowdown_gpu_h", "unfinished"):
+    mig = MIGRATION_ROWS if params.get("migration") else ()
+    for key in (*HEADLINE, "failure_kills", "lost_gpu_h", "slowdown_gpu_h", "unfinished", *mig):
         label, kind = LABELS.get(key, (key, "num"))
         vals = [summary["policies"][p].get(key) for p in pols]
         present = [v for v in vals if v is not None]

@@ -1,0 +1,72 @@
+"""Migration in the simulator: the engine calls the core's planner (shared/core/migration.py) and applies its
+moves. Fleet: 2 domains x 4 nodes x 4 GPUs, exact estimates, a cycle at every event time:
+
+    d00: n0 n1 n2 n3      d01: n4 n5 n6 n7
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.sim.metrics import compute, finished_work, gpu_seconds_balance
+from tests.unit.test_sim_engine import run, schedule
+
+
+def balanced(res) -> None:  # type: ignore[no-untyped-def]
+    bal = gpu_seconds_balance(res)
+    assert bal["allocated"] == pytest.approx(bal["useful"] + bal["lost"] + bal["overhead"] + bal["slowdown"])
+    for _job, kept, duration in finished_work(res):
+        assert kept == pytest.approx(duration)
+
+
+def test_defrag_moves_a_checkpointable_job_so_a_blocked_one_starts() -> None:
+    """migration.csv: p (2 nodes, checkpointable) on n0-n1 and r (2 nodes, not) on n4-n5 run 1,000 s; q on
+    n2-n3 ends at 5; big (4 nodes, one domain) arrives at 10 and fits no domain although 4 nodes are free
+    (n2, n3, n6, n7).
+    With migration p is checkpointed and moved to n6-n7 at 10, paying checkpoint + restore (2 x 34 s), and
+    big starts at once in d00; without it big waits for p's end at 1,000."""
+    off = run("migration.csv", "rackscale")
+    assert schedule(off)["big"] == [(1000, 1500, (0, 1, 2, 3), "done")]
+    res = run("migration.csv", "rackscale", migration=True)
+    assert schedule(res) == {
+        "p": [(0, 10, (0, 1), "moved"), (10, 10 + 68 + 990, (6, 7), "done")],
+        "q": [(0, 5, (2, 3), "done")],
+        "r": [(0, 1000, (4, 5), "done")],
+        "big": [(10, 510, (0, 1, 2, 3), "done")],
+    }
+    m = compute(res)
+    assert m["migrations"] == 1 and m["defrag_moves"] == 1 and m["beneficiaries_started"] == 1
+    assert m["move_pause_gpu_h"] == pytest.approx(8 * 68 / 3600)
+    assert m["move_gain_gpu_h"] == pytest.approx(16 * 990 / 3600)
+    assert "migrations" in compute(off) and "defrag_moves" not in compute(off)
+    balanced(res)
+
+
+def test_defrag_budget_of_zero_moves_changes_nothing() -> None:
+    from shared.core import MigrationBudget
+
+    res = run("migration.csv", "rackscale", migration=True, migration_budget=MigrationBudget(max_moves=0))
+    assert schedule(res) == schedule(run("migration.csv", "rackscale"))
+
+
+def test_failed_node_of_a_checkpointable_gang_is_replaced_in_place() -> None:
+    """backfill.csv under rackscale: b (3 nodes, checkpointable) runs on n4-n6; n4 fails at 20. With
+    migration its ranks on n4 move to the spare n7 of the same domain at once: the work since the last
+    checkpoint (15 s of work at 15 s intervals, so 5 s) is lost and the restore (36 s) paid, no requeue."""
+    kw = {"ckpt": True, "outages": ((4, 20.0, 200.0),), "ckpt_interval_s": 15.0}
+    res = run("backfill.csv", "rackscale", migration=True, **kw)
+    b = schedule(res)["b"]
+    assert b == [(0, 20, (4, 5, 6), "killed"), (20, 20 + 36 + 35, (7, 5, 6), "done")]
+    m = compute(res)
+    assert m["evac_moves"] == 1 and m["evac_in_place"] == 1 and m["evac_requeued"] == 0
+    assert m["failure_kills"] == 0  # moved, not killed and requeued
+    balanced(res)
+    off = run("backfill.csv", "rackscale", **kw)
+    assert compute(off)["failure_kills"] == 1
+
+
+def test_non_checkpointable_job_on_a_failed_node_is_requeued() -> None:
+    res = run("backfill.csv", "rackscale", migration=True, ckpt=False, outages=((4, 20.0, 200.0),))
+    m = compute(res)
+    assert m["evac_moves"] == 0 and m["evac_requeued"] == 1 and m["failure_kills"] == 1
+    assert schedule(res)["b"][0] == (0, 20, (4, 5, 6), "killed")
