@@ -9,6 +9,10 @@
 - `names.node_admin` (request/reply, `NodeAdmin` → `AdminReply`): drain / undrain. An unknown node gets
   ok=False and error "unknown node X". A drain survives the node going down and coming back.
 
+- `names.telemetry_all` (core NATS, queue group "inventory"): GPU telemetry, evaluated by the health rules
+  (`services/inventory/health.py`, `shared/health.py`); a GPU's `gpu_health` is the worse of the agent's own
+  report and the rules' verdict. `clear_health` (NodeAdmin) lifts the rules' verdicts, latched ones too.
+
 Every change of a node's state, topology or GPU health is written with `store.put_node` (which bumps
 `topo:gen`) and announced as a `NodeChanged` on `names.node_events` (JetStream). A heartbeat that changes
 nothing only rewrites the record's `last_heartbeat` and leaves `topo:gen` alone, so readers that cache the
@@ -31,11 +35,14 @@ import msgspec
 import redis.exceptions
 from nats.aio.msg import Msg
 
+from services.inventory.health import HealthMonitor, load_rules
 from shared.core.topology_io.agents import NO_FABRIC_UUIDS
+from shared.health import HealthRules, merge_health
 from shared.runtime import Deps, Service
 from shared.schemas import (
     AGENT_REPORTS,
     NODE_ADMIN,
+    TELEMETRY,
     AdminReply,
     AgentRegister,
     AgentReport,
@@ -72,12 +79,17 @@ def record_from_register(reg: AgentRegister, prev: NodeRecord | None, now: float
     """The record a registration makes; an operator's drain (and its reason) carries over from `prev`."""
     check_register(reg)
     drained = prev.drained if prev is not None else False
+    agent = gpu_health_map(reg.gpus, len(reg.gpus))
+    rules = prev.rule_health if prev is not None and not new_boot(reg, prev) else {}
     return NodeRecord(
         name=reg.node,
         domain=reg.node if reg.cluster_uuid in NO_FABRIC_UUIDS else reg.cluster_uuid,
         clique=reg.clique_id,
         gpus=len(reg.gpus),
-        gpu_health=gpu_health_map(reg.gpus, len(reg.gpus)),
+        gpu_health=merge_health(agent, rules),
+        agent_health=agent,
+        rule_health=rules,
+        boot_id=reg.boot_id,
         state="draining" if drained else "up",
         drained=drained,
         reason=prev.reason if prev is not None and drained else "",
@@ -85,6 +97,11 @@ def record_from_register(reg: AgentRegister, prev: NodeRecord | None, now: float
         backend=reg.backend,
         leaf=reg.leaf,
     )
+
+
+def new_boot(reg: AgentRegister, prev: NodeRecord) -> bool:
+    """The agent restarted since it last registered: latched GPU faults are cleared (services/inventory/health.py)."""
+    return bool(prev.boot_id and reg.boot_id and prev.boot_id != reg.boot_id)
 
 
 def check_node_name(node: str) -> None:
@@ -112,13 +129,25 @@ def _topology_fields(rec: NodeRecord) -> tuple[Any, ...]:
 class InventoryService(Service):
     name = "inventory"
 
-    def __init__(self, deps: Deps, *, check_interval_s: float | None = None) -> None:
+    def __init__(
+        self, deps: Deps, *, check_interval_s: float | None = None, health_rules: HealthRules | None = None
+    ) -> None:
         super().__init__(deps)
         self.check_interval_s = check_interval_s or deps.settings.heartbeat_s
         self.started_at = 0.0
         self.unknown_heartbeats = 0  # heartbeats from nodes that never registered (count, for tests/metrics)
         self._locks: dict[str, asyncio.Lock] = {}
         self._subs: list[Any] = []
+        self.health = HealthMonitor(
+            self.store,
+            self.bus,
+            health_rules or load_rules(deps.settings.health_rules_file),
+            self.now,
+            lock=self._lock,
+            save=self._save,
+            announce=self._announce,
+            check_name=check_node_name,
+        )
 
     @property
     def down_after_s(self) -> float:
@@ -130,6 +159,14 @@ class InventoryService(Service):
         self.started_at = self.now()
         for subject in (self.names.agent_register, self.names.agent_heartbeat):
             self._subs.append(await self.bus.subscribe(subject, AGENT_REPORTS, self._on_report, queue=QUEUE_GROUP))
+        self._subs.append(
+            await self.bus.subscribe(
+                self.names.telemetry_all,
+                TELEMETRY,
+                lambda t, msg: self.health.on_message(t, msg, STORE_ERRORS),
+                queue=QUEUE_GROUP,
+            )
+        )
         admin = await self.bus.subscribe(self.names.node_admin, NODE_ADMIN, self._on_admin, queue=QUEUE_GROUP)
         self._subs.append(admin)
         # The server has the subscriptions before start() returns (publishers on other connections can
@@ -183,7 +220,11 @@ class InventoryService(Service):
                 log.info("node %s registered: domain %s, %d GPUs", rec.name, rec.domain, rec.gpus)
                 await self._announce(rec, "registered")
                 return rec
-            reasons = []
+            reasons, cause = [], ""
+            if new_boot(reg, prev) and prev.rule_health:
+                await self.health.forget(reg.node)
+                reasons.append("agent restarted: GPU health rules cleared")
+                cause = "cleared"
             if prev.state != rec.state:
                 reasons.append(f"registered again after {prev.state}")
             if _topology_fields(prev) != _topology_fields(rec):
@@ -192,7 +233,7 @@ class InventoryService(Service):
                 reasons.append(_health_reason(rec))
             await self._save(rec, changed=bool(reasons))
             if reasons:
-                await self._announce(rec, "; ".join(reasons))
+                await self._announce(rec, "; ".join(reasons), prev=prev, cause=cause)
             return rec
 
     async def heartbeat(self, hb: Heartbeat) -> NodeRecord | None:
@@ -207,7 +248,8 @@ class InventoryService(Service):
             rec = msgspec.structs.replace(prev, last_heartbeat=self.now())
             reasons = []
             if hb.gpus:
-                rec.gpu_health = gpu_health_map(hb.gpus, rec.gpus)
+                rec.agent_health = gpu_health_map(hb.gpus, rec.gpus)
+                rec.gpu_health = merge_health(rec.agent_health, prev.rule_health)
                 if rec.gpu_health != prev.gpu_health:
                     reasons.append(_health_reason(rec))
             if prev.state == "down":
@@ -216,7 +258,7 @@ class InventoryService(Service):
                 reasons.insert(0, "heartbeat resumed")
             await self._save(rec, changed=bool(reasons))
             if reasons:
-                await self._announce(rec, "; ".join(reasons))
+                await self._announce(rec, "; ".join(reasons), prev=prev)
             return rec
 
     # -- missed heartbeats -------------------------------------------------------------------------------
@@ -264,6 +306,8 @@ class InventoryService(Service):
         unknown = AdminReply(ok=False, error=f"unknown node {req.node}")
         if await self.store.get_node(req.node) is None:
             return unknown  # before taking a lock: names from the API must not grow the lock table
+        if req.action == "clear_health":
+            return await self.health.clear(req.node, f"GPU health cleared: {req.reason or 'by an operator'}")
         async with self._lock(req.node):
             prev = await self.store.get_node(req.node)
             if prev is None:
@@ -291,8 +335,28 @@ class InventoryService(Service):
         # liveness-only writes keep topo:gen, so readers' topology caches stay valid
         await self.store.put_node(rec, topology_changed=changed)
 
-    async def _announce(self, rec: NodeRecord, reason: str, *, msg_id: str | None = None) -> NodeChanged:
-        event = NodeChanged(node=rec.name, state=rec.state, reason=reason, at=self.now())
+    async def _announce(
+        self,
+        rec: NodeRecord,
+        reason: str,
+        *,
+        msg_id: str | None = None,
+        prev: NodeRecord | None = None,
+        changed_gpus: dict[str, str] | None = None,
+        cause: str = "",
+    ) -> NodeChanged:
+        if changed_gpus is None and prev is not None:  # the agent's own report changed GPU health
+            changed_gpus = _gpu_diff(prev.gpu_health, rec.gpu_health)
+            cause = cause or ("agent" if changed_gpus else "")
+        event = NodeChanged(
+            node=rec.name,
+            state=rec.state,
+            reason=reason,
+            at=self.now(),
+            gpu_health=rec.gpu_health,
+            changed_gpus=changed_gpus or {},
+            cause=cause,
+        )
         msg_id = msg_id or f"{rec.name}:{rec.state}:{event.at}:{reason}"
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
             try:
@@ -314,3 +378,8 @@ def _health_reason(rec: NodeRecord) -> str:
 
 def _idx(item: tuple[str, str]) -> int:
     return int(item[0])
+
+
+def _gpu_diff(before: dict[str, str], after: dict[str, str]) -> dict[str, str]:
+    keys = sorted(set(before) | set(after), key=int)
+    return {k: after.get(k, "ok") for k in keys if after.get(k, "ok") != before.get(k, "ok")}
