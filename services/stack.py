@@ -18,10 +18,12 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from services.agent.fleet import AgentFleet, sim_fleet
 from services.gateway.service import GatewayService
 from services.inventory.service import InventoryService
+from services.migration.service import MigrationService
 from services.placement.service import PlacementService
 from services.queue.service import QueueService
 from shared.embedded import EmbeddedNats, EmbeddedValkey
@@ -33,6 +35,7 @@ SERVICES: dict[str, type[Service]] = {
     "inventory": InventoryService,
     "placement": PlacementService,
     "queue": QueueService,
+    "migration": MigrationService,
     "gateway": GatewayService,
 }
 
@@ -44,6 +47,7 @@ class StackOptions:
     gpus_per_node: int = 4
     settings: Settings = field(default_factory=Settings)
     in_process: tuple[str, ...] = ("inventory", "placement", "queue", "gateway")  # others: child processes
+    migration: Literal["in_process", "process", "off"] = "in_process"  # the migration service (crash tests: process)
     agents: bool = True
     tracer_factory: Callable[[str], Tracer] | None = None  # tests: in-memory exporters
     log_dir: Path | None = None
@@ -90,6 +94,10 @@ class Stack:
                 await self.start_service(name)
             else:
                 self.start_process(name)
+        if self.opts.migration == "in_process":
+            await self.start_service("migration")
+        elif self.opts.migration == "process":
+            self.start_process("migration")
         if self.opts.agents:
             deps = await self._deps("agent")
             backends = sim_fleet(self.opts.domains, self.opts.nodes_per_domain, self.opts.gpus_per_node)
@@ -143,7 +151,7 @@ class Stack:
             await self.fleet.stop()
             await self.fleet.deps.close()
             self.fleet = None
-        for name in ("gateway", "queue", "placement", "inventory"):
+        for name in ("migration", "gateway", "queue", "placement", "inventory"):
             if name in self.services:
                 await self.stop_service(name)
         for proc in self.processes.values():

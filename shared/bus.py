@@ -78,6 +78,7 @@ class Bus:
                 storage=StorageType.FILE,
                 num_replicas=replicas,
                 duplicate_window=DUPLICATE_WINDOW_S,
+                max_msgs_per_subject=spec.per_subject or -1,
             )
             try:
                 await self.js.stream_info(spec.name)

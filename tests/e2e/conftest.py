@@ -41,7 +41,7 @@ namespace = integration.namespace
 
 WAIT_S = 60.0  # bound on waiting for a state; never an assertion
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
-HOLDING = frozenset({JobState.PLACED, JobState.RUNNING})
+HOLDING = frozenset({JobState.PLACED, JobState.RUNNING, JobState.MIGRATING})
 
 
 def e2e_settings(nats_url: str, redis_url: str, prefix: str, **overrides: Any) -> Settings:
@@ -281,16 +281,19 @@ StackFactory = Callable[..., Awaitable[E2E]]
 
 @pytest_asyncio.fixture
 async def open_stack(nats_url: str, redis_url: str, namespace: str, tmp_path: Path) -> AsyncIterator[StackFactory]:
-    """`await open_stack(domains=2, settings_overrides..., **StackOptions)` → a started E2E (stopped at teardown)."""
+    """`await open_stack(domains=2, settings={...}, token=..., **StackOptions)` → a started E2E (stopped at teardown).
+
+    `token`: the bearer token the E2E's HTTP session sends (with settings={"tokens_file": ...})."""
     opened: list[E2E] = []
 
-    async def open_(*, settings: dict[str, Any] | None = None, **opts: Any) -> E2E:
+    async def open_(*, settings: dict[str, Any] | None = None, token: str | None = None, **opts: Any) -> E2E:
         s = e2e_settings(nats_url, redis_url, namespace, **(settings or {}))
         log_dir = tmp_path / f"stack{len(opened)}"
         log_dir.mkdir()
         stack = Stack(StackOptions(settings=s, log_dir=log_dir, **opts))
         nc = await nats.connect(nats_url, connect_timeout=5)
-        http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), headers=headers)
         e2e = E2E(stack, http, nc, log_dir)
         opened.append(e2e)
         await stack.start()

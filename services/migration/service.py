@@ -1,0 +1,422 @@
+"""migration: repairs placements while jobs run — evacuates failed hardware, defragments for blocked jobs.
+
+It decides; the queue (which owns job records) carries a move out; placement and the agents do it:
+
+    migration ──MoveOrder──▶ queue: running → migrating ──CheckpointOrder──▶ placement ──StopRank(checkpoint)──▶ agents
+    agents ──RankExited(checkpointed) = ack──▶ queue ──ReleaseOrder, then PlaceOrder pinned at the target──▶ placement
+    placement ──commit (Lua: every target GPU free)──StartRank(restore)──▶ agents ──RankStarted──▶ queue: running
+
+- **Evacuation** on a health event (`NodeChanged` from inventory: a GPU went down or degraded, after the
+  health rules' hysteresis): the core planner (`shared.core.migration.plan_evacuation`) moves each affected
+  checkpointable job — in place on a spare of its domain, else re-placed whole under its topology
+  guarantees — and requeues the others (a MoveOrder with no target: pending again, or failed by the job's
+  `on_node_failure`). A whole node going down is the queue's own node-loss path, not a move.
+- **Defragmentation** every `RACKSCALE_MIGRATION_INTERVAL_S`: `plan_defrag` on the pending jobs that fit the
+  free total but no layout; its moves go out only when their gain exceeds their cost, within the budgets
+  (`RACKSCALE_MAX_MIGRATIONS` in flight, `RACKSCALE_MIGRATION_GPU_HOURS` of moving per hour).
+- **The record**: every move is a `MigrationRecord`, written to JetStream (`names.migration_record(id)`, the
+  newest per move kept) before its MoveOrder goes out, mirrored to Redis for the API, and announced as a
+  `MigrationEvent` at each step (requested → checkpointing → restoring → done; requeued; rolled_back). Steps
+  advance from the job's own events (`events.job.>`); a step not done within
+  `RACKSCALE_MIGRATION_STEP_TIMEOUT_S` is rolled back (a checkpoint that never completes: MoveAbort, the
+  queue requeues the job). A restarted service reads its records back, re-sends the MoveOrder of a move
+  still `requested` (the queue dedupes it) and reconciles the rest from the job records: the queue drives a
+  move to its end without this service, so a crash here never leaves a job running twice or lost.
+
+Only the replica holding the `migration:leader` lease plans; every replica follows the events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from prometheus_client import Counter, Gauge
+
+from shared.core import ClusterState, Health, JobSpec, get_policy
+from shared.core.migration import MigrationBudget, Movable, Move, plan_defrag, plan_evacuation
+from shared.core.topology import GpuState, NodeState
+from shared.runtime import Deps, Service
+from shared.schemas import (
+    EVENTS,
+    MIGRATION_RECORD,
+    TERMINAL,
+    JobEvent,
+    JobRecord,
+    JobState,
+    MigrationEvent,
+    MigrationRecord,
+    MoveAbort,
+    MoveOrder,
+    NodeChanged,
+    NodeGpus,
+    encode,
+)
+from shared.snapshot import TopologyView, job_spec, occupy, occupy_held
+
+log = logging.getLogger("rackscale.migration")
+
+LEASE_S = 5.0
+INFLIGHT_S = 15.0  # as the queue: a place order this young still holds its GPUs
+FINAL = frozenset({"done", "requeued", "rolled_back"})
+HOUR_S = 3600.0
+
+
+class MigrationService(Service):
+    name = "migration"
+
+    def __init__(self, deps: Deps) -> None:
+        super().__init__(deps)
+        s = deps.settings
+        self.policy = get_policy(s.policy)
+        self.topology = TopologyView(deps.store)
+        self.records: dict[str, MigrationRecord] = {}  # every move this service knows, by id
+        self.kick = asyncio.Event()
+        self.instance = uuid.uuid4().hex[:12]
+        self.spent: deque[tuple[float, float]] = deque()  # (started at, GPU-seconds) of moves in the last hour
+        self.last_defrag = float("-inf")
+        assert deps.metrics is not None
+        registry = deps.metrics.registry
+        self.started = Counter(
+            "rackscale_migrations", "Moves and evacuation requeues started", ["kind"], registry=registry
+        )
+        self.ended = Counter(
+            "rackscale_migrations_ended", "Moves that reached a final state", ["kind", "state"], registry=registry
+        )
+        self.active_gauge = Gauge("rackscale_migrations_in_flight", "Moves under way", registry=registry)
+        self.moving_gpu_s = Counter(
+            "rackscale_migration_gpu_seconds", "Estimated GPU-seconds paused by moves started", registry=registry
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.resume()
+        n, stop = self.names, self.stop_event
+        self.spawn(self.bus.consume(n.node_events, n.consumer(self.name, "node"), EVENTS, self.on_event, stop), "node")
+        self.spawn(self.bus.consume(n.job_events_all, n.consumer(self.name, "job"), EVENTS, self.on_event, stop), "job")
+        self.spawn(self.loop(), "plan")
+
+    async def resume(self) -> None:
+        """Read every move's newest record back from JetStream; re-send the orders of moves not yet taken."""
+        for rec in await self.read_records():
+            self.records[rec.id] = rec
+            if rec.state not in FINAL:
+                self.spent.append((rec.created_at, rec.cost_gpu_s))
+        active = [r for r in self.records.values() if r.state not in FINAL]
+        if active:
+            log.info("resuming %d moves: %s", len(active), ", ".join(f"{r.id} ({r.state})" for r in active))
+        for rec in active:
+            if rec.state == "requested":
+                await self._send(rec)  # the queue dedupes it by msg id and ignores it once the job moved on
+        self.active_gauge.set(len(active))
+        self.kick.set()
+
+    async def read_records(self) -> list[MigrationRecord]:
+        """The newest record of every move in the MIGRATIONS stream."""
+        config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.LAST_PER_SUBJECT)
+        subject = self.names.migration_records_all
+        sub = await self.bus.js.pull_subscribe(subject, stream=self.names.stream_for(subject), config=config)
+        out: dict[str, MigrationRecord] = {}
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(256, timeout=0.5)
+                except (nats.errors.TimeoutError, TimeoutError):
+                    break
+                for m in msgs:
+                    try:
+                        rec = MIGRATION_RECORD.decode(m.data)
+                    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                        await self.bus.dead_letter(m.subject, m.data, str(e))
+                        continue
+                    out[rec.id] = rec
+                if not msgs or msgs[-1].metadata.num_pending == 0:
+                    break
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return list(out.values())
+
+    # -- records -----------------------------------------------------------------------------------------
+    async def save(self, rec: MigrationRecord, step: str | None = None) -> None:
+        """The record to JetStream (the truth a restart reads), Redis (the API's view), and its step's event."""
+        now = self.now()
+        rec.updated_at = now
+        self.records[rec.id] = rec
+        data = encode(rec)
+        await self.bus.js.publish(self.names.migration_record(rec.id), data)
+        n = self.names
+        async with self.store.r.pipeline(transaction=True) as p:
+            p.set(n.migration_key(rec.id), data)
+            p.zadd(n.migrations_key, {rec.id: rec.created_at}, nx=True)
+            await p.execute()
+        if step is not None:
+            await self.bus.publish(
+                n.migration_events, MigrationEvent(record=rec, at=now), msg_id=f"migration:{rec.id}:{step}"
+            )
+        self.active_gauge.set(sum(r.state not in FINAL for r in self.records.values()))
+
+    async def _send(self, rec: MigrationRecord) -> None:
+        order = MoveOrder(
+            migration_id=rec.id,
+            job_id=rec.job_id,
+            attempt=rec.attempt,
+            target=rec.target,
+            reason=rec.why,
+            at=self.now(),
+        )
+        await self.bus.publish(self.names.job_move, order, msg_id=f"move:{rec.id}")
+
+    async def _finish(self, rec: MigrationRecord, state: str, at: float, error: str = "") -> None:
+        rec.state = state  # type: ignore[assignment]
+        rec.steps = {**rec.steps, state: at}
+        if error:
+            rec.error = error
+        await self.save(rec, state)
+        self.ended.labels(rec.kind, state).inc()
+        log.info("move %s of job %s: %s%s", rec.id, rec.job_id, state, f" ({error})" if error else "")
+        self.kick.set()  # room for the next move
+
+    def active(self) -> list[MigrationRecord]:
+        return [r for r in self.records.values() if r.state not in FINAL]
+
+    # -- events in ---------------------------------------------------------------------------------------
+    async def on_event(self, ev: Any, headers: Mapping[str, str]) -> None:
+        if isinstance(ev, JobEvent):
+            await self.on_job_event(ev)
+        elif isinstance(ev, NodeChanged) and (ev.changed_gpus or ev.state == "up"):
+            self.kick.set()  # GPU health changed (or a node came back: room to defragment): plan now
+
+    async def on_job_event(self, ev: JobEvent) -> None:
+        """Advance the job's move by the queue's transitions (idempotent: a step is recorded once)."""
+        for rec in [r for r in self.active() if r.job_id == ev.job_id]:
+            await self.advance(rec, ev.state, ev.attempt, ev.reason, ev.at)
+
+    async def advance(self, rec: MigrationRecord, state: JobState, attempt: int, reason: str, at: float) -> None:
+        steps = rec.steps
+        if not rec.target:  # an evacuation requeue: over once the attempt is requeued or failed
+            if attempt > rec.attempt or (attempt == rec.attempt and state in TERMINAL):
+                await self._finish(rec, "requeued", at, "" if state is JobState.PENDING else f"job {state}")
+            return
+        if state is JobState.MIGRATING and attempt == rec.attempt and "checkpointing" not in steps:
+            rec.state, rec.steps = "checkpointing", {**steps, "checkpointing": at}
+            await self.save(rec, "checkpointing")
+        elif attempt == rec.attempt + 1 and state is JobState.PENDING and "restoring" not in steps:
+            if reason.startswith("migrating: restoring"):
+                rec.state, rec.steps = "restoring", {**steps, "restoring": at}
+                await self.save(rec, "restoring")
+            else:
+                await self._finish(rec, "rolled_back", at, reason)
+        elif attempt == rec.attempt + 1 and state is JobState.PLACED and "placed" not in steps:
+            rec.steps = {**steps, "placed": at}
+            await self.save(rec)
+        elif attempt > rec.attempt and state is JobState.RUNNING:
+            rec.steps = {**steps, "running": at}
+            await self._finish(rec, "done", at)
+        elif state in TERMINAL:
+            await self._finish(rec, "rolled_back", at, f"job {state} during the move")
+        elif attempt > rec.attempt + 1 and state is JobState.PENDING:
+            await self._finish(rec, "rolled_back", at, reason)
+
+    # -- the planning loop ---------------------------------------------------------------------------------
+    async def loop(self) -> None:
+        tick = min(1.0, self.deps.settings.migration_interval_s)
+        while not self.stop_event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.kick.wait(), timeout=tick)
+            self.kick.clear()
+            if self.stop_event.is_set():
+                break
+            try:
+                if await self._lead():
+                    await self.run_once()
+            except Exception:
+                log.exception("migration planning failed; next round on the timer")
+
+    async def _lead(self) -> bool:
+        r, key = self.store.r, self.names.migration_leader_key
+        ms = int(LEASE_S * 1000)
+        if await r.set(key, self.instance, nx=True, px=ms):
+            return True
+        holder = await r.get(key)
+        if holder is not None and holder.decode() == self.instance:
+            await r.pexpire(key, ms)
+            return True
+        return False
+
+    async def run_once(self) -> None:
+        now = self.now()
+        jobs = {r.id: r for r in await self.store.active_jobs()}
+        await self.reconcile(jobs, now)
+        known = await self.topology.get()
+        if known is None:
+            return
+        topo, health = known
+        allocations = await self.store.allocations()
+        busy = {r.job_id for r in self.active()}
+        await self.evacuate(topo, health, allocations, jobs, busy, now)
+        s = self.deps.settings
+        if s.defrag == "on" and now - self.last_defrag >= s.migration_interval_s:
+            self.last_defrag = now
+            await self.defragment(topo, health, allocations, jobs, busy, now)
+
+    async def reconcile(self, jobs: Mapping[str, JobRecord], now: float) -> None:
+        """Moves whose job events this service missed (a restart) or whose step ran out of time."""
+        timeout = self.deps.settings.migration_step_timeout_s
+        for rec in self.active():
+            job = jobs.get(rec.job_id) or await self.store.get_job(rec.job_id)
+            if job is None:
+                await self._finish(rec, "rolled_back", now, "job unknown")
+                continue
+            await self.advance(rec, job.state, job.attempt, job.reason, now)
+            if rec.state in FINAL:
+                continue
+            since = max(rec.steps.values(), default=rec.created_at)
+            if now - since <= timeout:
+                continue
+            if rec.state == "requested" and "abort" not in rec.steps:
+                # the queue never took it (the job wasn't running any more): nothing to undo
+                await self._finish(rec, "rolled_back", now, f"the queue didn't start the move within {timeout:g}s")
+            elif rec.state == "checkpointing" and "abort" not in rec.steps:
+                rec.steps, rec.error = {**rec.steps, "abort": now}, f"checkpoint not acknowledged in {timeout:g}s"
+                await self.save(rec, "abort")
+                abort = MoveAbort(migration_id=rec.id, job_id=rec.job_id, reason=rec.error, at=now)
+                await self.bus.publish(self.names.job_move, abort, msg_id=f"move:{rec.id}:abort")
+            elif rec.state == "restoring":
+                # the pinned order went nowhere; the queue decides the job again by itself (never lost)
+                await self._finish(
+                    rec, "rolled_back", now, f"restore not running in {timeout:g}s; re-placed by the queue"
+                )
+
+    def _movable(self, jobs: Mapping[str, JobRecord], busy: set[str]) -> dict[str, Movable]:
+        s = self.deps.settings
+        return {
+            j.id: Movable(job_spec(j), s.checkpoint_s, s.restore_s)
+            for j in jobs.values()
+            if j.state is JobState.RUNNING and j.spec.checkpointable and j.id not in busy
+        }
+
+    async def evacuate(
+        self,
+        topo: Any,
+        health: Health,
+        allocations: list[Any],
+        jobs: Mapping[str, JobRecord],
+        busy: set[str],
+        now: float,
+    ) -> None:
+        """Jobs on down or degraded GPUs of nodes still up: move them, or requeue the ones that can't move."""
+        down: dict[int, int] = {}
+        degraded: dict[int, int] = {}
+        for (node, gpu), st in health.gpus.items():
+            idx = topo.node_index.get(node)
+            if idx is None or health.node(node) is NodeState.DOWN:
+                continue  # a node that is down is the queue's node-loss path
+            target = down if st is GpuState.DOWN else degraded
+            target[idx] = target.get(idx, 0) | 1 << gpu
+        if not down and not degraded:
+            return
+        # the state keeps failed GPUs in place (only node states apply), so the jobs holding them show up
+        state = ClusterState(topo, Health(dict(health.nodes), {}))
+        occupy_held(state, allocations, jobs, now)
+        evac = plan_evacuation(state, down, self._movable(jobs, busy), self.policy, now, degraded=degraded)
+        for mv in evac.moves:
+            job = jobs.get(mv.job_id)
+            if job is not None and job.state is JobState.RUNNING and mv.job_id not in busy:
+                await self.begin(job, "evacuate", mv.reason, _target(mv, topo), mv.cost_gpu_s, 0.0, now)
+                busy.add(mv.job_id)
+        for job_id in evac.requeue:
+            job = jobs.get(job_id)
+            if job is None or job_id in busy or job.state not in (JobState.PLACED, JobState.RUNNING):
+                continue
+            why = evac.why.get(job_id, "on failed hardware")
+            await self.begin(job, "evacuate", why, [], 0.0, 0.0, now)
+            busy.add(job_id)
+
+    async def defragment(
+        self,
+        topo: Any,
+        health: Health,
+        allocations: list[Any],
+        jobs: Mapping[str, JobRecord],
+        busy: set[str],
+        now: float,
+    ) -> None:
+        s = self.deps.settings
+        pending = [j for j in jobs.values() if j.state is JobState.PENDING and j.inflight_since is None]
+        in_flight = len(self.active())
+        if not pending or in_flight >= s.max_migrations:
+            return
+        state = ClusterState(topo, health)
+        held = occupy_held(state, allocations, jobs, now)
+        for j in jobs.values():  # orders on their way hold their GPUs, as in the queue's cycle
+            young = j.inflight_since is not None and now - j.inflight_since < INFLIGHT_S
+            if j.state is JobState.PENDING and young and j.id not in held:
+                occupy(state, j.id, j.allocation, j, now, preemptible=False)
+        while self.spent and now - self.spent[0][0] > HOUR_S:
+            self.spent.popleft()
+        budget = MigrationBudget(
+            max_moves=s.max_migrations,
+            in_flight=in_flight,
+            gpu_s_per_hour=s.migration_gpu_hours * HOUR_S,
+            spent_gpu_s=sum(c for _, c in self.spent),
+        )
+        order: list[JobSpec] = [
+            job_spec(j) for j in sorted(pending, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
+        ]
+        plan = plan_defrag(state, order, self._movable(jobs, busy), self.policy, budget, now)
+        if plan is None:
+            return
+        log.info("defragmentation for %s: %d moves (%s)", plan.beneficiary, len(plan.moves), plan.why)
+        for mv in plan.moves:
+            job = jobs.get(mv.job_id)
+            if job is not None and job.state is JobState.RUNNING and mv.job_id not in busy:
+                why = f"defragmentation for job {plan.beneficiary}: {plan.why}"
+                await self.begin(job, "defrag", why, _target(mv, topo), mv.cost_gpu_s, plan.gain_gpu_s, now)
+                busy.add(mv.job_id)
+
+    async def begin(
+        self,
+        job: JobRecord,
+        kind: str,
+        why: str,
+        target: list[NodeGpus],
+        cost: float,
+        gain: float,
+        now: float,
+    ) -> MigrationRecord:
+        """Record the move in JetStream first, then hand it to the queue."""
+        rec = MigrationRecord(
+            id=uuid.uuid4().hex[:16],
+            job_id=job.id,
+            tenant=job.spec.tenant,
+            kind=kind,  # type: ignore[arg-type]
+            why=why,
+            attempt=job.attempt,
+            source=list(job.allocation),
+            target=target,
+            created_at=now,
+            steps={"requested": now},
+            cost_gpu_s=cost,
+            gain_gpu_s=gain,
+        )
+        await self.save(rec, "requested")
+        await self._send(rec)
+        self.spent.append((now, cost))
+        self.started.labels(kind).inc()
+        self.moving_gpu_s.inc(cost)
+        where = ", ".join(f"{ng.node}:{','.join(map(str, ng.gpus))}" for ng in target) or "requeue"
+        log.info("move %s: job %s attempt %d → %s (%s)", rec.id, job.id, job.attempt, where, why)
+        return rec
+
+
+def _target(mv: Move, topo: Any) -> list[NodeGpus]:
+    return [NodeGpus(node, list(gpus)) for node, gpus in mv.gpus_by_node(topo).items()]

@@ -1,0 +1,164 @@
+"""The migration service on the running system (issue 5): evacuation, the crash-safe move protocol,
+defragmentation, hysteresis, dead letters. Real NATS and Redis, the whole stack, simulated agents.
+
+Timings are read from event timestamps (JobEvent.at, RankStarted.at: the services' clock), never from how
+long the test waited; waits only bound how long a test may take.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from services.agent.backends import SimBackend
+from shared.schemas import ORDERS, JobEvent, JobState, MigrationEvent, PlaceOrder, RankExited, RankStarted
+from tests.e2e.conftest import E2E, StackFactory, domain_of, double_bookings, service_errors, wait_until
+
+pytestmark = pytest.mark.asyncio
+
+FAULT_TO_RUNNING_S = 10.0  # the acceptance bound: fault → the job running again on healthy GPUs
+
+
+def nodes_of(view: dict[str, Any]) -> list[str]:
+    return [p["node"] for p in view["allocation"]]
+
+
+def backend(e2e: E2E, node: str) -> SimBackend:
+    fleet = e2e.stack.fleet
+    assert fleet is not None
+    b = fleet.agents[node].backend
+    assert isinstance(b, SimBackend)
+    return b
+
+
+async def events_of(e2e: E2E, job: str) -> list[JobEvent]:
+    return [e for e in await e2e.job_events() if e.job_id == job]
+
+
+async def migration_events(e2e: E2E) -> list[MigrationEvent]:
+    return [e for e in await e2e.decoded(e2e.names.migration_events) if isinstance(e, MigrationEvent)]
+
+
+async def starts_and_exits(e2e: E2E) -> tuple[dict[str, list[RankStarted]], dict[str, list[RankExited]]]:
+    starts: dict[str, list[RankStarted]] = defaultdict(list)
+    exits: dict[str, list[RankExited]] = defaultdict(list)
+    for ev in await e2e.decoded(e2e.names.agent_events):
+        if isinstance(ev, RankStarted):
+            starts[ev.job_id].append(ev)
+        elif isinstance(ev, RankExited):
+            exits[ev.job_id].append(ev)
+    return starts, exits
+
+
+def ran_once(job: str, starts: list[RankStarted], exits: list[RankExited]) -> list[str]:
+    """Each (attempt, rank) started once, and an attempt's ranks started only after every rank of the
+    attempt before had exited: the job never ran twice at once."""
+    problems = []
+    seen = defaultdict(int)
+    for s in starts:
+        seen[(s.attempt, s.rank)] += 1
+    problems += [f"{job} attempt {a} rank {r} started {n} times" for (a, r), n in seen.items() if n > 1]
+    attempts = sorted({s.attempt for s in starts})
+    for prev, nxt in itertools.pairwise(attempts):
+        last_exit = max((e.at for e in exits if e.attempt == prev), default=None)
+        first_start = min(s.at for s in starts if s.attempt == nxt)
+        if last_exit is None or first_start < last_exit:
+            problems.append(f"{job}: attempt {nxt} started at {first_start} before attempt {prev} ended ({last_exit})")
+    return problems
+
+
+async def test_fatal_gpu_fault_moves_checkpointable_job_within_one_domain_and_requeues_the_other(
+    open_stack: StackFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    e2e: E2E = await open_stack(domains=2, settings={"checkpoint_s": 0.3})
+    movable = await e2e.submit({"name": "ckpt", "tenant": "a", "gpus": 16, "checkpointable": True, "duration_s": 8.0})
+    plain = await e2e.submit({"name": "plain", "tenant": "a", "gpus": 4, "duration_s": 8.0})
+    first = {j: await e2e.wait_state(j, {"running"}) for j in (movable, plain)}
+    hit = nodes_of(first[movable])[1]
+    other = nodes_of(first[plain])[0]
+    assert hit != other
+
+    fault_at = time.time()  # the services' clock (Deps.clock defaults to time.time)
+    backend(e2e, hit).set_health(2, "down")
+    backend(e2e, other).set_health(0, "down")
+
+    moved = await e2e.wait_state(movable, {"running", "succeeded"}, check=lambda v: v["attempt"] >= 2)
+    assert (hit, 2) not in {(p["node"], g) for p in moved["allocation"] for g in p["gpus"]}, moved
+    assert len({domain_of(n) for n in nodes_of(moved)}) == 1, moved  # required NVLink: one domain
+    evs = await events_of(e2e, movable)
+    states = [(e.state, e.attempt) for e in evs]
+    assert (JobState.MIGRATING, 1) in states, states
+    assert states.index((JobState.MIGRATING, 1)) < states.index((JobState.RUNNING, 2)), states
+    running_again = next(e for e in evs if e.state is JobState.RUNNING and e.attempt == 2)
+    assert running_again.at - fault_at < FAULT_TO_RUNNING_S, (running_again.at - fault_at, states)
+
+    # restored, not restarted: the next attempt restores from the checkpoint and runs only what was left
+    orders = [o for o in await e2e.decoded(e2e.names.orders, ORDERS) if isinstance(o, PlaceOrder)]
+    restore = next(o for o in orders if o.job_id == movable and o.attempt == 2)
+    assert restore.restore, restore
+    starts, exits = await starts_and_exits(e2e)
+    ran_first = max(e.ran_s for e in exits[movable] if e.attempt == 1 and e.checkpointed)
+    assert ran_first > 0 and restore.duration_s == pytest.approx(8.0 - ran_first, abs=0.05), (restore, ran_first)
+
+    # the job that can't checkpoint is requeued (its on_node_failure is requeue) and runs elsewhere
+    again = await e2e.wait_state(plain, {"running", "succeeded"}, check=lambda v: v["attempt"] >= 2)
+    assert (other, 0) not in {(p["node"], g) for p in again["allocation"] for g in p["gpus"]}, again
+    plain_states = [(e.state, e.attempt, e.reason) for e in await events_of(e2e, plain)]
+    assert any(s is JobState.PENDING and a == 2 and "evacuated" in r for s, a, r in plain_states), plain_states
+
+    done = await e2e.wait_terminal([movable, plain])
+    assert {j["state"] for j in done.values()} == {"succeeded"}, done
+    starts, exits = await starts_and_exits(e2e)
+    for job in (movable, plain):
+        assert not ran_once(job, starts[job], exits[job])
+    kinds = {(e.record.job_id, e.record.state) for e in await migration_events(e2e)}
+    assert (movable, "done") in kinds and (plain, "requeued") in kinds, kinds
+    assert not double_bookings(await e2e.job_events())
+    assert not service_errors(caplog.records)
+
+
+async def test_sigkill_mid_move_every_job_runs_exactly_once(
+    open_stack: StackFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a long checkpoint keeps the move open; the migration service dies while the job is migrating
+    e2e: E2E = await open_stack(domains=2, migration="process", settings={"checkpoint_s": 2.0})
+    stack = e2e.stack
+    jobs = [
+        await e2e.submit({"name": f"ckpt-{i}", "tenant": "a", "gpus": 8, "checkpointable": True, "duration_s": 10.0})
+        for i in range(3)
+    ]
+    views = {j: await e2e.wait_state(j, {"running"}) for j in jobs}
+    victim = jobs[0]
+    hit = nodes_of(views[victim])[0]
+    backend(e2e, hit).set_health(1, "down")
+
+    async def migrating() -> bool:
+        return any(e.state is JobState.MIGRATING for e in await events_of(e2e, victim))
+
+    await wait_until(migrating, f"job {victim} migrating")
+    os.kill(stack.processes["migration"].pid, signal.SIGSTOP)
+    stack.kill_process("migration")
+    stack.start_process("migration")
+
+    moved = await e2e.wait_state(victim, {"running", "succeeded"}, check=lambda v: v["attempt"] >= 2)
+    assert hit not in nodes_of(moved) or moved["state"] == "succeeded", moved
+
+    async def record_done() -> list[MigrationEvent] | None:
+        evs = [e for e in await migration_events(e2e) if e.record.job_id == victim and e.record.state == "done"]
+        return evs or None
+
+    await wait_until(record_done, f"the restarted migration service to close the move of {victim}")
+    done = await e2e.wait_terminal(jobs)
+    assert {j["state"] for j in done.values()} == {"succeeded"}, done
+    starts, exits = await starts_and_exits(e2e)
+    for job in jobs:
+        assert not ran_once(job, starts[job], exits[job]), (job, starts[job])
+    assert {s.attempt for s in starts[victim]} == {1, 2}, starts[victim]
+    assert not double_bookings(await e2e.job_events())
+    assert not service_errors(caplog.records)
