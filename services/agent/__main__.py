@@ -10,7 +10,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from services.agent.backends import GpuBackend, NvmlUnavailableError, make_backend
+from services.agent.backends import GpuBackend, NvmlUnavailableError, SimBackend, make_backend
+from services.agent.faults import FaultPlanError, faults_for, load_plan
 from services.agent.process import agent_deps, agent_settings
 from services.agent.service import AgentService
 from shared.runtime import run, setup_logging
@@ -58,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     except NvmlUnavailableError as e:
         sys.exit(f"agent: {e}")
+    if isinstance(backend, SimBackend):  # this node's entries of RACKSCALE_FAULT_PLAN
+        try:
+            backend.schedule(faults_for(backend.node, backend.domain, load_plan(settings.fault_plan_file)))
+        except (FaultPlanError, ValueError) as e:
+            sys.exit(f"agent: {e}")
     asyncio.run(_serve(settings, backend, args))
     return 0
 

@@ -6,6 +6,10 @@
 `AgentFleet` runs one `AgentService` per backend on shared `Deps`. Instead of one pull consumer per node
 (hundreds of fetch loops), it binds one durable consumer on every node's command subject and hands each
 command to the agent of its node; commands for nodes it doesn't run are acked and logged.
+
+Faults (services/agent/faults.py): the fleet hands each simulated node its entries of the fault plan
+(`plan`, by default RACKSCALE_FAULT_PLAN), and `inject(fault)` applies one now to a running fleet. A plan
+entry or an injected fault that hits no node of the fleet is an error naming it.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from services.agent.backends import GpuBackend, SimBackend
+from services.agent.faults import FaultPlanError, check_fault, faults_for, load_plan
 from services.agent.service import AgentService
 from shared.bus import Retry
 from shared.runtime import Deps, Service
-from shared.schemas import AGENT_COMMANDS, AgentCommand
+from shared.schemas import AGENT_COMMANDS, AgentCommand, Fault
 
 log = logging.getLogger("rackscale.agent.fleet")
 
@@ -70,7 +75,9 @@ class AgentFleet(Service):
         durable: str = "fleet",
         stop_grace_s: float = 10.0,
         log_dir: Path | None = None,
+        plan: Sequence[Fault] | None = None,
     ) -> None:
+        """`plan`: scripted faults; None reads RACKSCALE_FAULT_PLAN (none when unset)."""
         super().__init__(deps)
         self.agents = {
             b.node: AgentService(deps, b, stop_grace_s=stop_grace_s, log_dir=log_dir, consume=False) for b in backends
@@ -80,6 +87,30 @@ class AgentFleet(Service):
         self.durable = durable
         self.ready = asyncio.Event()
         self.misrouted = 0
+        faults = list(plan) if plan is not None else load_plan(deps.settings.fault_plan_file)
+        for i, f in enumerate(faults):
+            hit = self._targets(check_fault(f, f"fault plan[{i}]"))
+            if not hit:
+                raise FaultPlanError(
+                    f"fault plan[{i}].{'node' if f.node else 'domain'}: {f.node or f.domain} "
+                    "is no simulated node or domain of this fleet"
+                )
+        for b in backends:
+            if isinstance(b, SimBackend):
+                b.schedule(faults_for(b.node, b.domain, faults))
+
+    def _targets(self, fault: Fault) -> list[SimBackend]:
+        sims = [a.backend for a in self.agents.values() if isinstance(a.backend, SimBackend)]
+        return [b for b in sims if faults_for(b.node, b.domain, [fault])]
+
+    def inject(self, fault: Fault) -> list[str]:
+        """Apply a fault now to the simulated nodes it names; the nodes hit. Raises ValueError if none."""
+        hit = self._targets(check_fault(fault))
+        if not hit:
+            raise FaultPlanError(f"fault: {fault.node or fault.domain} is no simulated node or domain of this fleet")
+        for b in hit:
+            b.inject(fault)
+        return [b.node for b in hit]
 
     async def start(self) -> None:
         await asyncio.gather(*(a.start() for a in self.agents.values()))

@@ -3,6 +3,10 @@
 - At start and every `register_every` heartbeats it publishes its `AgentRegister` (so a restarted
   inventory, or a wiped Redis, learns the node again); in between a `Heartbeat` every `heartbeat_s`, with
   the job ids running here and the GPUs' health. Both are core NATS: a lost one is replaced by the next.
+  The registration carries a `boot_id` new at every start (inventory then clears latched GPU faults).
+- Every `telemetry_s` a `Telemetry` sample of every GPU (`backend.telemetry`) on `names.telemetry(node)`,
+  core NATS too. Before each report the backend's clock advances (a sim's fault plan, seconds since the
+  agent started on the injected clock); while the backend is `silent` the agent sends nothing at all.
 - Commands come from JetStream, `names.agent_cmd(node)`, through the durable consumer
   `names.consumer("agent", node)` (so none is lost while the agent restarts). `StartRank` launches the
   rank (`runner.launch`) and a watcher publishes `RankStarted` then, at its end, `RankExited` on
@@ -27,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import uuid
 from collections import OrderedDict
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +51,7 @@ from shared.schemas import (
     RankStarted,
     StartRank,
     StopRank,
+    Telemetry,
 )
 
 log = logging.getLogger("rackscale.agent")
@@ -117,11 +123,16 @@ class AgentService(Service):
         self._watchers: set[asyncio.Task[None]] = set()
         self._stoppers: set[asyncio.Task[None]] = set()
         self.beats = 0
+        self.samples = 0
+        self.boot_id = uuid.uuid4().hex
+        self.started_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
+        self.started_at = self.now()
         await self.report()  # register before anything else
         self.spawn(self._heartbeats(), "heartbeats")
+        self.spawn(self._telemetry(), "telemetry")
         if self.consume:
             self.spawn(
                 self.bus.consume(
@@ -152,11 +163,21 @@ class AgentService(Service):
     def running_jobs(self) -> list[str]:
         return sorted({k[0] for k, r in self.runs.items() if r.running})
 
+    def _quiet(self) -> bool:
+        """Advance the backend's clock; True while it plays a silent node."""
+        self.backend.advance(self.now() - self.started_at)
+        return self.backend.silent
+
+    def busy_gpus(self) -> frozenset[int]:
+        return frozenset(g for r in self.runs.values() if r.running for g in r.cmd.gpus)
+
     async def report(self) -> None:
         """Registration on every `register_every`-th beat (the first included), else a heartbeat."""
         try:
-            if self.beats % self.register_every == 0:
-                reg = msgspec.structs.replace(self.backend.describe(), at=self.now())
+            if self._quiet():
+                pass
+            elif self.beats % self.register_every == 0:
+                reg = msgspec.structs.replace(self.backend.describe(), at=self.now(), boot_id=self.boot_id)
                 await self.bus.publish_core(self.names.agent_register, reg)
             else:
                 hb = Heartbeat(node=self.node, at=self.now(), running=self.running_jobs(), gpus=self.backend.health())
@@ -164,6 +185,29 @@ class AgentService(Service):
         except Exception:
             log.exception("%s: heartbeat not sent; the next one will be", self.node)
         self.beats += 1
+
+    async def send_telemetry(self) -> Telemetry | None:
+        """One sample of every GPU; None (nothing sent) while the node is silent."""
+        try:
+            if self._quiet():
+                return None
+            sample = Telemetry(
+                node=self.node, at=self.now(), seq=self.samples, gpus=self.backend.telemetry(self.busy_gpus())
+            )
+            await self.bus.publish_core(self.names.telemetry(self.node), sample)
+        except Exception:
+            log.exception("%s: telemetry not sent; the next sample will be", self.node)
+            return None
+        self.samples += 1
+        return sample
+
+    async def _telemetry(self) -> None:
+        period = self.deps.settings.telemetry_s
+        while not self.stop_event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop_event.wait(), timeout=period)
+            if not self.stop_event.is_set():
+                await self.send_telemetry()
 
     async def _heartbeats(self) -> None:
         period = self.deps.settings.heartbeat_s

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import sys
 
+from services.agent.faults import FaultPlanError
 from services.agent.fleet import AgentFleet, sim_fleet
 from services.agent.process import agent_deps, agent_settings
 from shared.runtime import run, setup_logging
@@ -29,7 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
 async def _serve(settings: Settings, args: argparse.Namespace) -> None:
     deps = await agent_deps(settings, AgentFleet.name)
     backends = sim_fleet(args.domains, args.nodes_per_domain, args.gpus, seed=args.seed)
-    await run(AgentFleet(deps, backends))
+    try:
+        fleet = AgentFleet(deps, backends)  # with RACKSCALE_FAULT_PLAN's faults
+    except (FaultPlanError, ValueError) as e:
+        await deps.close()
+        sys.exit(f"fleet: {e}")
+    await run(fleet)
 
 
 def main(argv: list[str] | None = None) -> int:
