@@ -162,3 +162,56 @@ async def test_sigkill_mid_move_every_job_runs_exactly_once(
     assert {s.attempt for s in starts[victim]} == {1, 2}, starts[victim]
     assert not double_bookings(await e2e.job_events())
     assert not service_errors(caplog.records)
+
+
+async def test_defragmentation_moves_the_fewest_jobs_so_a_domain_sized_job_runs(
+    open_stack: StackFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three domains of 18 nodes. Walls: a 16-node job in d01 and one in d02 (not checkpointable), so each
+    keeps 2 free nodes; four one-node checkpointable jobs in d00, so it keeps 14. 18 free nodes in total,
+    but a 16-node job needing one NVLink domain fits nowhere. The fewest moves: two of d00's singles go to
+    the free nodes of d01/d02 (every other domain would need its non-checkpointable wall moved)."""
+    e2e: E2E = await open_stack(
+        domains=3, settings={"checkpoint_s": 0.3, "migration_interval_s": 0.5, "max_migrations": 8}
+    )
+    d = {f"d{i:02d}": [f"d{i:02d}-n{j:02d}" for j in range(18)] for i in range(3)}
+
+    async def drain(nodes: list[str], action: str = "drain") -> None:
+        for node in nodes:
+            await e2e.admin(node, action)
+
+    # walls in d01 and d02 (d00 drained meanwhile)
+    await drain(d["d00"])
+    walls = [await e2e.submit({"name": f"wall-{i}", "tenant": "w", "gpus": 64, "duration_s": 300.0}) for i in range(2)]
+    wall_views = [await e2e.wait_state(w, {"running"}) for w in walls]
+    assert sorted(domain_of(nodes_of(v)[0]) for v in wall_views) == ["d01", "d02"], wall_views
+    spare = [n for dom in ("d01", "d02") for n in d[dom] if n not in {x for v in wall_views for x in nodes_of(v)}]
+    assert len(spare) == 4, spare
+    # four singles in d00 (the walls' spare nodes drained meanwhile)
+    await drain(spare)
+    await drain(d["d00"], "undrain")
+    singles = [
+        await e2e.submit({"name": f"one-{i}", "tenant": "s", "gpus": 4, "checkpointable": True, "duration_s": 300.0})
+        for i in range(4)
+    ]
+    single_views = {s: await e2e.wait_state(s, {"running"}) for s in singles}
+    assert {domain_of(nodes_of(v)[0]) for v in single_views.values()} == {"d00"}, single_views
+    await drain(spare, "undrain")
+
+    big = await e2e.submit({"name": "big", "tenant": "b", "gpus": 64, "topology": {"nvlink": "required"}})
+    ran = await e2e.wait_state(big, {"running"}, timeout=90)
+    assert {domain_of(n) for n in nodes_of(ran)} == {"d00"}, ran
+
+    records = {e.record.id: e.record for e in await migration_events(e2e)}
+    moves = [r for r in records.values() if r.kind == "defrag"]
+    assert len(moves) == 2, moves  # the fewest: 16 nodes needed, d00 had 14 free
+    assert all(r.job_id in singles and r.state == "done" and big in r.why for r in moves), moves
+    assert {domain_of(r.target[0].node) for r in moves} <= {"d01", "d02"}, moves
+    for r in moves:
+        view = await e2e.job(r.job_id)
+        assert view["state"] == "running" and view["attempt"] == 2 and nodes_of(view)[0] in spare, view
+    starts, exits = await starts_and_exits(e2e)
+    for job in singles:
+        assert not ran_once(job, starts[job], exits[job])
+    assert not double_bookings(await e2e.job_events())
+    assert not service_errors(caplog.records)
