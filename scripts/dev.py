@@ -43,6 +43,16 @@ def ensure_env() -> Path:
     return py
 
 
+def ensure_browser() -> None:
+    """Debian's chromium for the dashboard's browser test (apt-get when missing, as root); else the test skips."""
+    sys.path.insert(0, str(ROOT))
+    from tests.browser import ensure_chromium  # standard library only, like this script
+
+    path, what = ensure_chromium(log=True)
+    if path is None:
+        print(f"{what}; the dashboard's browser test will be skipped", flush=True)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("up", "test"):
         print(__doc__)
@@ -50,6 +60,7 @@ def main(argv: list[str]) -> int:
     py = ensure_env()
     cmd, rest = argv[0], argv[1:]
     if cmd == "test":
+        ensure_browser()
         lint = subprocess.run([str(py), "-m", "ruff", "check", "shared", "services", "tests", "bench", "scripts"],
                               cwd=ROOT)
         tests = subprocess.run([str(py), "-m", "pytest", *rest], cwd=ROOT)

@@ -10,7 +10,10 @@ A user sees, lists and cancels only its tenant's jobs (another tenant's job is a
 exist, so ids don't leak) and submits only as its tenant; an admin sees everything and drains nodes.
 No file: the gateway runs open (every caller is an admin), for local use only — `rackscale up` says so.
 
-`/healthz`, `/readyz` and `/openapi.json` stay open: probes carry no token. `/metrics` on the API port names
+`/healthz`, `/readyz`, `/openapi.json` and the dashboard's static files stay open: probes carry no token, and
+the dashboard's files carry no data (its script calls the API with the token it was opened with). A browser's
+EventSource can't send headers, so GET /v1/events alone also takes the token as `?token=`; the access log
+(`AccessLog`) writes that parameter as `***`. `/metrics` on the API port names
 every tenant, so it takes an admin token; Prometheus scrapes the unauthenticated ops port
 (RACKSCALE_METRICS_PORT), which is reachable only inside the cluster network.
 """
@@ -28,12 +31,17 @@ from pathlib import Path
 import msgspec
 import yaml
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from yarl import URL
 
+from services.gateway import dashboard
 from services.gateway.views import ErrorBody
 
 log = logging.getLogger("rackscale.gateway.auth")
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", *dashboard.PATHS})
+QUERY_TOKEN_PATHS = frozenset({"/v1/events"})  # GETs that take ?token= (EventSource sends no Authorization header)
+QUERY_TOKEN = "token"
 SCHEME = "bearer"  # the OpenAPI security scheme's name
 PRINCIPAL = web.RequestKey("principal", object)  # Principal, or OPEN in open mode
 
@@ -144,7 +152,11 @@ def middleware(tokens: Tokens | None) -> Callable[[web.Request, Handler], Awaita
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
-        if not header:
+        if not header and request.method == "GET" and request.path in QUERY_TOKEN_PATHS:
+            scheme, token = "bearer", request.query.get(QUERY_TOKEN, "")
+            if not token.strip():
+                return _unauthorized(f"missing bearer token (Authorization: Bearer <token>, or ?{QUERY_TOKEN}=)")
+        elif not header:
             return _unauthorized("missing bearer token (Authorization: Bearer <token>)")
         if scheme.lower() != "bearer" or not token.strip():
             return _unauthorized("the Authorization header must be 'Bearer <token>'")
@@ -161,3 +173,29 @@ def principal(request: web.Request) -> Principal:
     p = request.get(PRINCIPAL)
     assert isinstance(p, Principal), "route not behind the auth middleware"
     return p
+
+
+def redacted(url: URL) -> str:
+    """The path and query of a request as logged: a token parameter shows as `***`."""
+    if QUERY_TOKEN not in url.query:
+        return str(url)
+    return str(url.with_query([(k, "***" if k == QUERY_TOKEN else v) for k, v in url.query.items()]))
+
+
+class AccessLog(AbstractAccessLogger):
+    """aiohttp's access log line (client, request, status, size, seconds) with no credential in it."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info(
+            '%s "%s %s" %s %s %.3fs',
+            request.remote,
+            request.method,
+            redacted(request.rel_url),
+            response.status,
+            response.body_length,
+            time,
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)

@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from services.gateway import views
-from services.gateway.auth import PUBLIC_PATHS, SCHEME
+from services.gateway import dashboard, views
+from services.gateway.auth import PUBLIC_PATHS, QUERY_TOKEN, SCHEME
 from shared.schemas import JobBody, JobEvent, JobState, NodeChanged
 
 REF = "#/components/schemas/{name}"
@@ -142,10 +142,21 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/nodes/{id}/undrain"): _admin("undrain"),
     ("get", "/v1/events"): {
         "operationId": "streamEvents",
-        "summary": "Server-sent events: `event: job` (JobEvent) and `event: node` (NodeChanged)",
+        "summary": "Server-sent events: `event: job` (JobEvent), `event: node` (NodeChanged), `event: cluster`",
         "description": "Each `data:` line is the JSON of a JobEvent or NodeChanged schema. A comment line "
-        "(`: keep-alive`) comes every 15 s; `: connected` once the stream is live.",
+        "(`: keep-alive`) comes every 15 s; `: connected` once the stream is live. A user token hears only its "
+        "tenant's job events; for another tenant's it gets `event: cluster` (`data: {}`): /v1/cluster changed.",
         "tags": ["events"],
+        "parameters": [
+            {
+                "name": QUERY_TOKEN,
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "The bearer token, for clients that can't set headers (a browser's EventSource); "
+                "this path only. The Authorization header wins when both are given.",
+            }
+        ],
         "responses": {
             "200": {
                 "description": "text/event-stream",
@@ -157,6 +168,29 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                 },
             }
         },
+    },
+    ("get", "/"): {
+        "operationId": "root",
+        "summary": "Redirects to the dashboard, keeping the query (`?token=`)",
+        "tags": ["dashboard"],
+        "responses": {"302": {"description": "to /dashboard"}},
+    },
+    ("get", "/dashboard"): {
+        "operationId": "dashboard",
+        "summary": "The live dashboard: domains as GPU grids, the pending queue, a job's placement and trace",
+        "description": "A static page (no data in it): its script reads /v1/cluster and /v1/jobs and listens to "
+        "/v1/events with the token given once as `?token=` (kept in the tab's sessionStorage).",
+        "tags": ["dashboard"],
+        "responses": {"200": {"description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}},
+    },
+    **{
+        ("get", path): {
+            "operationId": "dashboard" + path.rsplit(".", 1)[1].capitalize(),
+            "summary": "The dashboard's " + path.rsplit(".", 1)[1].upper(),
+            "tags": ["dashboard"],
+            "responses": {"200": {"description": kind, "content": {kind: {"schema": {"type": "string"}}}}},
+        }
+        for path, kind in dashboard.ASSETS.items()
     },
     ("get", "/openapi.json"): {
         "operationId": "getOpenApi",

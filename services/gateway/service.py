@@ -22,7 +22,7 @@ import redis.exceptions
 from aiohttp import web
 from nats.aio.msg import Msg
 
-from services.gateway import auth, openapi, views
+from services.gateway import auth, dashboard, openapi, views
 from services.gateway.auth import Principal, Tokens
 from services.gateway.metrics import cluster_metrics
 from services.gateway.validation import (
@@ -96,11 +96,22 @@ class Snapshot:
     domain_of: dict[str, str]
 
 
+# What a user hears instead of another tenant's JobEvent: only that /v1/cluster changed (its GPUs show there as
+# busy and unnamed anyway), so a dashboard redraws; one at most waits in a client's queue.
+CLUSTER_CHANGED = b"event: cluster\ndata: {}\n\n"
+
+
 class _Stream:
     """One SSE client: frames from the NATS callback, a None sentinel ends it."""
 
     def __init__(self) -> None:
         self.queue: asyncio.Queue[bytes | None] = asyncio.Queue(SSE_QUEUE)
+        self.cluster_queued = False
+
+    def cluster_changed(self) -> None:
+        if not self.cluster_queued:
+            self.cluster_queued = True
+            self.push(CLUSTER_CHANGED)
 
     def push(self, frame: bytes) -> None:
         try:
@@ -306,6 +317,7 @@ class Gateway:
             except msgspec.DecodeError:
                 return  # not ours to dead-letter: the durable consumers of these subjects do that
             if isinstance(ev, JobEvent) and not who.may_see(ev.tenant):
+                stream.cluster_changed()
                 return
             kind = b"job" if isinstance(ev, JobEvent) else b"node" if isinstance(ev, NodeChanged) else None
             if kind is not None:
@@ -329,6 +341,8 @@ class Gateway:
                     frame = b": keep-alive\n\n"
                 if frame is None:
                     break
+                if frame is CLUSTER_CHANGED:
+                    stream.cluster_queued = False
                 await resp.write(frame)
         except ConnectionResetError:
             pass  # the client went away
@@ -371,6 +385,7 @@ def routes(gw: Gateway, spec: bytes) -> list[tuple[str, str, Handler]]:
         return web.Response(body=spec, content_type="application/json")
 
     return [
+        *dashboard.routes(gw.deps.settings.jaeger_ui_url),
         ("POST", "/v1/jobs", gw.submit),
         ("GET", "/v1/jobs", gw.list_jobs),
         ("GET", "/v1/jobs/{id}", gw.get_job),
@@ -455,7 +470,7 @@ class GatewayService(Service):
 
     async def start(self) -> None:
         s = self.deps.settings
-        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=log)
+        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=log, access_log_class=auth.AccessLog)
         await self._runner.setup()
         site = web.TCPSite(self._runner, s.gateway_host, s.gateway_port)
         await site.start()

@@ -3,11 +3,13 @@ functions that build them from the Redis records."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated
 
 import msgspec
 
+from shared.picture import gpu_cell
 from shared.schemas import AllocationRecord, JobRecord, JobState, NodeGpus, NodeRecord, TopologyBody
 
 
@@ -63,6 +65,7 @@ class JobView(msgspec.Struct, kw_only=True):
     updated_at: float
     attempt: int
     exit_codes: dict[str, int]  # "node/rank" → exit code
+    trace_id: str = ""  # the job's trace (32 hex digits; "" when the submit carried none), for a Jaeger link
 
 
 class JobList(msgspec.Struct, kw_only=True):
@@ -76,6 +79,8 @@ class GpuView(msgspec.Struct, kw_only=True):
     index: int
     health: str  # ok | degraded | down
     job: str | None  # owning job id
+    # what the GPU shows (shared.picture.gpu_cell): free | job | down | draining | degraded; absent from older gateways
+    cell: str = "free"
 
 
 class Utilisation(msgspec.Struct, kw_only=True):
@@ -129,6 +134,17 @@ def placed(nodes: Iterable[NodeGpus], domain_of: Mapping[str, str]) -> list[Plac
     return [Placed(domain=domain_of.get(ng.node, ""), node=ng.node, gpus=list(ng.gpus)) for ng in nodes]
 
 
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")  # W3C trace-context: lowercase hex
+
+
+def trace_id(traceparent: str) -> str:
+    """The trace id of a W3C traceparent (`00-<32 hex>-<16 hex>-<2 hex>`); "" when it isn't one."""
+    parts = traceparent.split("-")
+    if len(parts) != 4 or not _TRACE_ID.fullmatch(parts[1]) or parts[1] == "0" * 32:
+        return ""
+    return parts[1]
+
+
 def job_view(rec: JobRecord, domain_of: Mapping[str, str]) -> JobView:
     s = rec.spec
     return JobView(
@@ -150,6 +166,7 @@ def job_view(rec: JobRecord, domain_of: Mapping[str, str]) -> JobView:
         updated_at=rec.updated_at,
         attempt=rec.attempt,
         exit_codes=dict(rec.exit_codes),
+        trace_id=trace_id(rec.trace),
     )
 
 
@@ -173,7 +190,14 @@ def cluster_view(nodes: list[NodeRecord], allocations: list[AllocationRecord], g
         for i in range(n.gpus):
             health = n.gpu_health.get(str(i), "ok")
             job = owner.get((n.name, i))
-            gpus.append(GpuView(index=i, health=health, job=job))
+            cell = gpu_cell(
+                owned=job is not None,
+                gpu_down=health == "down",
+                node_usable=n.state == "up",
+                node_down=n.state == "down",
+                degraded=health == "degraded",
+            )
+            gpus.append(GpuView(index=i, health=health, job=job, cell=cell.value))
             flags.setdefault(n.domain, []).append((n.state != "down" and health != "down", job is not None))
         by_domain.setdefault(n.domain, []).append(
             NodeView(

@@ -225,6 +225,7 @@ async def test_get_job_shows_the_record(gw: Gw) -> None:
         attempt=1,
         allocation=[NodeGpus("n1", [0, 1, 2]), NodeGpus("n2", [1, 2, 3])],
         exit_codes={"n1/0": 0, "n2/1": 0},
+        trace="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     )
     await store.put_job(rec, new=True)
     resp = await gw.client.get("/v1/jobs/j1")
@@ -251,6 +252,7 @@ async def test_get_job_shows_the_record(gw: Gw) -> None:
         "updated_at": NOW + 30,
         "attempt": 1,
         "exit_codes": {"n1/0": 0, "n2/1": 0},
+        "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",  # the submit's trace, for the dashboard's Jaeger link
     }
     missing = await gw.client.get("/v1/jobs/nope")
     assert missing.status == 404 and await missing.json() == {"error": "unknown job nope", "field": None}
@@ -324,12 +326,13 @@ async def test_cluster_view(gw: Gw) -> None:
     n1 = r1["nodes"][0]
     assert n1["name"] == "n1" and n1["state"] == "up"
     assert n1["gpus"] == [
-        {"index": 0, "health": "ok", "job": "j1"},
-        {"index": 1, "health": "ok", "job": "j1"},
-        {"index": 2, "health": "degraded", "job": None},
-        {"index": 3, "health": "down", "job": None},
+        {"index": 0, "health": "ok", "job": "j1", "cell": "job"},
+        {"index": 1, "health": "ok", "job": "j1", "cell": "job"},
+        {"index": 2, "health": "degraded", "job": None, "cell": "degraded"},
+        {"index": 3, "health": "down", "job": None, "cell": "down"},
     ]
     assert r2["nodes"][0]["state"] == "down" and r2["nodes"][0]["reason"] == "missed heartbeats"
+    assert {g["cell"] for g in r2["nodes"][0]["gpus"]} == {"down"}
     assert view["allocations"] == [
         {
             "job_id": "j1",
