@@ -1,5 +1,5 @@
 # One image for every Rackscale service; the command picks the service (see docker-compose.yml):
-#   python -m services.gateway | services.queue | services.placement | services.inventory
+#   python -m services.gateway | services.queue | services.placement | services.inventory | services.migration
 #   python -m services.agent --backend nvml      (a GPU node; the NVML extra is installed)
 #   python -m services.fleet --domains 4         (simulated agents)
 #   rackscale ...                                (the CLI)

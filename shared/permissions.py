@@ -28,7 +28,7 @@ JS_API = "$JS.API"
 INBOX = "_INBOX.>"
 
 # The services that connect to NATS (the simulated fleet connects as "agent").
-SERVICES = ("gateway", "inventory", "queue", "placement", "agent")
+SERVICES = ("gateway", "inventory", "queue", "placement", "migration", "agent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +76,15 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
             (stream(n.placement_events), n.consumer("queue", "placement")),
             (stream(n.agent_events), n.consumer("queue", "agent")),
             (stream(n.node_events), n.consumer("queue", "node")),
+            (stream(n.job_move), n.consumer("queue", "move")),
         ],
         "placement": [(stream(n.orders), n.consumer("placement", "orders"))],
+        "migration": [
+            (stream(n.node_events), n.consumer("migration", "node")),
+            (stream(n.job_events_all), n.consumer("migration", "job")),
+            # at start it reads its records back through an ephemeral consumer
+            (stream(n.migration_records_all), "*"),
+        ],
         # one durable per node (`agent-<node>`) or one for a simulated fleet: any durable on the AGENT stream
         "agent": [(stream(n.agent_cmd_all), "*")],
     }
@@ -86,6 +93,14 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
         "inventory": [n.node_events],
         "queue": [n.job_event("*"), n.orders],
         "placement": [n.placement_events, n.agent_cmd("*")],
+        "migration": [
+            n.job_move,
+            n.migration_events,
+            n.migration_record("*"),
+            # the ephemeral consumer that reads the records back: created unnamed, deleted after
+            f"{JS_API}.CONSUMER.CREATE.{stream(n.migration_records_all)}",
+            f"{JS_API}.CONSUMER.DELETE.{stream(n.migration_records_all)}.*",
+        ],
         "agent": [n.agent_register, n.agent_heartbeat, n.agent_events, n.telemetry("*")],
     }
     subscribe: dict[str, list[str]] = {
@@ -93,6 +108,7 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
         "inventory": [n.agent_register, n.agent_heartbeat, n.telemetry_all, n.node_admin],
         "queue": [n.cycle_kick],
         "placement": [],
+        "migration": [],
         "agent": [],
     }
     out: dict[str, Permissions] = {}

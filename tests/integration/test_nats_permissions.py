@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import nats
@@ -111,6 +112,23 @@ async def test_every_service_does_its_work_within_its_permissions(
         await wait_until(done, f"job {job} succeeded under per-service NATS users")
         async with http.post(f"{url}/v1/nodes/d00-n03/drain") as r:
             assert r.status == 200, await r.text()  # gateway → inventory request/reply, and inventory's answer
+
+        # a move: migration → queue → placement → agents and back, with the migration record and its events
+        body = {"name": "m", "tenant": "a", "gpus": 4, "checkpointable": True, "duration_s": 30}
+        async with http.post(f"{url}/v1/jobs", json=body) as r:
+            assert r.status == 202, await r.text()
+            movable = (await r.json())["id"]
+
+        async def view(attempt: int) -> dict[str, Any] | None:
+            async with http.get(f"{url}/v1/jobs/{movable}") as r:
+                v = await r.json()
+            return v if r.status == 200 and v["state"] == "running" and v["attempt"] >= attempt else None
+
+        first = await wait_until(lambda: view(1), f"job {movable} running")
+        assert stack.fleet is not None
+        backend = stack.fleet.agents[first["allocation"][0]["node"]].backend
+        backend.set_health(first["allocation"][0]["gpus"][0], "down")  # type: ignore[attr-defined]
+        await wait_until(lambda: view(2), f"job {movable} moved off its failed GPU")
     violations = [r.getMessage() for r in caplog.records if "permission" in str(r.exc_info or r.getMessage()).lower()]
     assert not violations, violations
     assert "Violation" not in server.log_tail(100_000), server.log_tail()
