@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 import msgspec
 import yaml
 from nats.aio.msg import Msg
+from prometheus_client.core import CounterMetricFamily
 
 from shared.bus import Bus
 from shared.health import (
@@ -38,6 +40,7 @@ from shared.health import (
     rules_from_mapping,
     verdicts,
 )
+from shared.metrics import gauge_text
 from shared.schemas import AdminReply, NodeChanged, NodeHealthState, NodeRecord, Telemetry
 from shared.store import Store
 
@@ -107,6 +110,7 @@ class HealthMonitor:
         self.check_name = check_name
         self.samples = 0  # evaluated samples (count, for tests and metrics)
         self.unknown_samples = 0  # from nodes that never registered
+        self.changes: Counter[tuple[str, str]] = Counter()  # (cause, new health) → GPU health changes announced
 
     async def on_message(self, t: Telemetry, msg: Msg, store_errors: tuple[type[Exception], ...]) -> None:
         try:
@@ -134,6 +138,22 @@ class HealthMonitor:
             self.samples += 1
             await self._apply(rec, verdicts(state), changes, "")
             return changes
+
+    def metrics_text(self) -> bytes:
+        """This replica's telemetry figures (the gateway's gauges already count down GPUs per domain)."""
+        samples = CounterMetricFamily(
+            "rackscale_telemetry_samples", "Telemetry samples evaluated by the health rules", labels=["node_known"]
+        )
+        samples.add_metric(["yes"], float(self.samples))
+        samples.add_metric(["no"], float(self.unknown_samples))
+        changes = CounterMetricFamily(
+            "rackscale_gpu_health_changes",
+            "GPU health changes announced, by cause and new health",
+            labels=["cause", "health"],
+        )
+        for (cause, health), n in sorted(self.changes.items()):
+            changes.add_metric([cause, health], float(n))
+        return gauge_text([samples, changes])
 
     async def clear(self, node: str, why: str = "cleared by an operator") -> AdminReply:
         """Lift every rule verdict of the node, latched faults included (NodeAdmin clear_health)."""
@@ -168,6 +188,7 @@ class HealthMonitor:
         cause = next((c.cause for c in changes if str(c.gpu) in changed), "cleared" if why else "")
         reason = why or describe([c for c in changes if str(c.gpu) in changed]) or "GPU health rules"
         log.warning("node %s: %s", rec.name, reason)
+        self.changes.update((cause, h) for h in changed.values())
         await self.announce(
             new, reason, changed_gpus=dict(sorted(changed.items(), key=lambda kv: int(kv[0]))), cause=cause
         )

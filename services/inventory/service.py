@@ -193,6 +193,9 @@ class InventoryService(Service):
             except Exception:
                 log.exception("heartbeat check failed; trying again next period")
 
+    async def extra_metrics(self) -> bytes:
+        return self.health.metrics_text()
+
     def _lock(self, node: str) -> asyncio.Lock:
         return self._locks.setdefault(node, asyncio.Lock())
 

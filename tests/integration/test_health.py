@@ -134,6 +134,9 @@ async def test_fatal_xid_from_a_fault_plan_marks_the_gpu_down_and_says_why(harne
     await evaluated(inv, inv.health.samples + 5)
     assert [e.changed_gpus for e in await health_events(h, "d02-n07")] == [{"3": "down"}]
     assert (await inv.store.get_node("d02-n07")).gpu_health == {"3": "down"}  # type: ignore[union-attr]
+    text = (await inv.metrics_text()).decode()
+    assert 'rackscale_gpu_health_changes_total{cause="xid_fatal",health="down"} 1.0' in text
+    assert 'rackscale_telemetry_samples_total{node_known="yes"}' in text
 
 
 async def test_fault_injected_into_a_running_fleet(harness: Harness) -> None:
