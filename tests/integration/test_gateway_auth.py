@@ -216,3 +216,60 @@ async def test_events_carry_only_the_callers_tenant(gw: Gw) -> None:
         raise
     text = b"".join(got)
     assert b"alice-done" in text and b"bob-x" not in text
+
+
+# -- the dashboard: public static files, and ?token= for the EventSource alone ---------------------------------
+
+
+async def test_the_dashboards_files_need_no_token_and_carry_a_strict_policy(gw: Gw) -> None:
+    for path in ("/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css"):
+        resp = await gw.client.get(path)
+        assert resp.status == 200, path
+        assert "script-src 'self'" in resp.headers["Content-Security-Policy"], path
+        assert resp.headers["Referrer-Policy"] == "no-referrer", path
+    page = await (await gw.client.get("/dashboard")).text()
+    assert '<meta name="rackscale-jaeger-ui" content="http://localhost:16686">' in page
+    root = await gw.client.get("/", params={"token": ALICE}, allow_redirects=False)
+    assert root.status == 302 and root.headers["Location"] == f"/dashboard?token={ALICE}"
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/v1/cluster"), ("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/metrics"), ("DELETE", "/v1/jobs/x")],
+)
+async def test_a_query_token_opens_only_the_event_stream(gw: Gw, method: str, path: str) -> None:
+    body = {"name": "x", "tenant": "ops", "gpus": 4}
+    resp = await gw.client.request(method, path, params={"token": ADMIN}, json=body)
+    assert resp.status == 401, await resp.text()
+    for token in ("not-a-token-of-ours-at-all", ""):
+        resp = await gw.client.get("/v1/events", params={"token": token})
+        assert resp.status == 401 and (await resp.json())["error"]
+
+
+async def test_a_query_token_stream_is_filtered_like_a_header_one(gw: Gw) -> None:
+    """Another tenant's job event becomes a bare `event: cluster` (the cluster view changed), never its id."""
+    from shared.schemas import JobEvent
+
+    got: list[bytes] = []
+
+    async def listen() -> None:
+        async with gw.client.get("/v1/events", params={"token": ALICE}) as resp:
+            assert resp.status == 200
+            async for line in resp.content:
+                got.append(line)
+                if b"alice-done" in line:
+                    return
+
+    task = asyncio.create_task(listen())
+    await asyncio.sleep(0.3)  # subscribed (the stream flushes before it answers)
+    for job_id, tenant in (("bob-x", "bob"), ("bob-y", "bob"), ("alice-done", "alice")):
+        ev = JobEvent(job_id=job_id, state=JobState.RUNNING, reason="", at=0.0, attempt=1, nodes=[], tenant=tenant)
+        await gw.deps.bus.publish(gw.names.job_event(job_id), ev)
+    try:
+        await asyncio.wait_for(task, 5)
+    except (TimeoutError, nats.errors.Error):
+        task.cancel()
+        raise
+    text = b"".join(got)
+    assert b"alice-done" in text and b"bob-" not in text
+    assert b"event: cluster\ndata: {}\n" in text
