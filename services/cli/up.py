@@ -93,6 +93,7 @@ def banner(gateway_url: str, opts: UpOptions, settings: Settings, embedded: dict
         f"Rackscale is up: {opts.domains} {kind} domains, {nodes} nodes, {nodes * opts.gpus_per_node} GPUs "
         f"(simulated agents), policy {settings.policy}",
         f"  gateway  {gateway_url}   (API description: {gateway_url}/openapi.json)",
+        f"  dashboard {gateway_url}/dashboard" + ("?token=<your token>" if settings.tokens_file else ""),
         f"  NATS     {settings.nats_url}" + (" (embedded)" if embedded["nats"] else ""),
         f"  Redis    {settings.redis_url}" + (" (embedded)" if embedded["redis"] else ""),
         (

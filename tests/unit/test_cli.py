@@ -137,6 +137,7 @@ def test_up_flags_override_the_environment() -> None:
 def test_up_banner_prints_the_url_and_a_submit_command() -> None:
     s = Settings(nats_url="nats://127.0.0.1:1", redis_url="redis://127.0.0.1:2/0")
     text = banner("http://127.0.0.1:5555", UpOptions(domains=4), s, {"nats": True, "redis": False})
+    assert "dashboard http://127.0.0.1:5555/dashboard" in text
     assert "4 NVL72 domains, 72 nodes, 288 GPUs" in text
     assert "gateway  http://127.0.0.1:5555" in text
     assert "submit --gpus 64 --name demo --tenant me --duration 30 --url http://127.0.0.1:5555" in text
