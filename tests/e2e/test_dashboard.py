@@ -88,9 +88,7 @@ async def test_dashboard_renders_updates_live_and_shows_placement_and_reasons(
 ) -> None:
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(TOKENS_YAML)
-    e2e: E2E = await open_stack(
-        domains=2, token=ADMIN, settings={"tokens_file": str(tokens), "jaeger_ui_url": JAEGER}
-    )
+    e2e: E2E = await open_stack(domains=2, token=ADMIN, settings={"tokens_file": str(tokens), "jaeger_ui_url": JAEGER})
     # bypass_csp: Playwright's waits evaluate strings, which the page's policy forbids; and the escaping of
     # job names must hold on its own, not only because the policy would block an inline handler.
     page = await browser.new_page(viewport={"width": 1280, "height": 1100}, bypass_csp=True)
