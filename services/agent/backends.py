@@ -316,6 +316,8 @@ class NvmlBackend:
         return False
 
     def close(self) -> None:
+        if self._events is not None:
+            self._optional(lambda: self.nvml.nvmlEventSetFree(self._events))
         try:
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError:
