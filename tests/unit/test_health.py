@@ -303,6 +303,10 @@ def test_bad_rules_name_the_field(doc: dict[str, Any], names: str) -> None:
         rules_from_mapping(doc, "health.yaml")
 
 
+def test_the_example_file_is_the_defaults() -> None:
+    assert load_rules(Path(__file__).resolve().parents[2] / "deploy" / "health-rules.example.yaml") == HealthRules()
+
+
 def test_unreadable_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(HealthRulesError, match=r"nope\.yaml"):
         load_rules(tmp_path / "nope.yaml")

@@ -11,6 +11,7 @@ import pytest
 
 from services.agent.backends import SIM_MEM_MIB, SIM_NVLINKS, NvmlBackend, SimBackend
 from services.agent.faults import FaultPlanError, faults_for, load_plan, parse_plan
+from services.agent.fleet import sim_fleet
 from shared.health import HealthRules, evaluate, verdicts
 from shared.schemas import Fault, GpuSample, NodeHealthState, NvLinkSample, Telemetry
 from tests.unit.test_agent_backends import FakeNVMLError, fake_pynvml
@@ -166,6 +167,15 @@ def test_bad_plan_entries_name_the_field(entry: dict[str, Any], names: str) -> N
     with pytest.raises(FaultPlanError, match=r"plan\.yaml\[0\]") as e:
         parse_plan([entry], "plan.yaml")
     assert names in str(e.value)
+
+
+def test_the_example_plan_fits_the_default_fleet() -> None:
+    plan = load_plan(Path(__file__).resolve().parents[2] / "deploy" / "faults.example.yaml")
+    fleet = sim_fleet(4)
+    for f in plan:
+        assert any(faults_for(b.node, b.domain, [f]) for b in fleet), f
+    for b in fleet:
+        b.schedule(faults_for(b.node, b.domain, plan))
 
 
 def test_a_plan_is_a_list(tmp_path: Path) -> None:
