@@ -23,7 +23,8 @@ It decides; the queue (which owns job records) carries a move out; placement and
   still `requested` (the queue dedupes it) and reconciles the rest from the job records: the queue drives a
   move to its end without this service, so a crash here never leaves a job running twice or lost.
 
-Only the replica holding the `migration:leader` lease plans; every replica follows the events.
+Only the replica holding the `migration:leader` lease plans and keeps records (it reads them back when it
+takes the lease); the others let events go and wait to take over.
 """
 
 from __future__ import annotations
@@ -83,6 +84,7 @@ class MigrationService(Service):
         self.instance = uuid.uuid4().hex[:12]
         self.spent: deque[tuple[float, float]] = deque()  # (started at, GPU-seconds) of moves in the last hour
         self.last_defrag = float("-inf")
+        self.leading = False  # holds the lease: the only replica that plans and writes records
         assert deps.metrics is not None
         registry = deps.metrics.registry
         self.started = Counter(
@@ -98,7 +100,6 @@ class MigrationService(Service):
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        await self.resume()
         n, stop = self.names, self.stop_event
         self.spawn(self.bus.consume(n.node_events, n.consumer(self.name, "node"), EVENTS, self.on_event, stop), "node")
         self.spawn(self.bus.consume(n.job_events_all, n.consumer(self.name, "job"), EVENTS, self.on_event, stop), "job")
@@ -106,10 +107,13 @@ class MigrationService(Service):
 
     async def resume(self) -> None:
         """Read every move's newest record back from JetStream; re-send the orders of moves not yet taken."""
+        self.records.clear()
+        self.spent.clear()
         for rec in await self.read_records():
             self.records[rec.id] = rec
-            if rec.state not in FINAL:
+            if self.now() - rec.created_at <= HOUR_S:
                 self.spent.append((rec.created_at, rec.cost_gpu_s))
+        self.spent = deque(sorted(self.spent))
         active = [r for r in self.records.values() if r.state not in FINAL]
         if active:
             log.info("resuming %d moves: %s", len(active), ", ".join(f"{r.id} ({r.state})" for r in active))
@@ -196,7 +200,10 @@ class MigrationService(Service):
             self.kick.set()  # GPU health changed (or a node came back: room to defragment): plan now
 
     async def on_job_event(self, ev: JobEvent) -> None:
-        """Advance the job's move by the queue's transitions (idempotent: a step is recorded once)."""
+        """Advance the job's move by the queue's transitions (idempotent: a step is recorded once). Only the
+        leader keeps records; another replica lets the event go (the leader reconciles from job records)."""
+        if not self.leading:
+            return
         for rec in [r for r in self.active() if r.job_id == ev.job_id]:
             await self.advance(rec, ev.state, ev.attempt, ev.reason, ev.at)
 
@@ -236,7 +243,11 @@ class MigrationService(Service):
             if self.stop_event.is_set():
                 break
             try:
-                if await self._lead():
+                leading = await self._lead()
+                if leading and not self.leading:
+                    await self.resume()  # a new leader (a start, or a takeover): the records as they are now
+                self.leading = leading
+                if leading:
                     await self.run_once()
             except Exception:
                 log.exception("migration planning failed; next round on the timer")

@@ -518,14 +518,17 @@ class QueueService(Service):
     # -- moves: checkpoint → ack → release → place (pinned) → restore --------------------------------------
     async def on_move(self, m: MoveOrder) -> None:
         """The migration service's move. A running checkpointable attempt turns migrating and its ranks
-        checkpoint (GPUs still held); an empty target requeues the attempt instead (by on_node_failure)."""
+        checkpoint (GPUs still held). An empty target requeues the attempt instead (by on_node_failure): a
+        running one is stopped the same way first, so its ranks are gone before it can start again."""
         if not m.target:
-            await self._lose(m.job_id, m.attempt, "", f"evacuated: {m.reason}")
-            return
+            rec = await self.store.get_job(m.job_id)
+            if rec is not None and rec.state is JobState.PLACED and rec.attempt == m.attempt:
+                await self._lose(m.job_id, m.attempt, "", f"evacuated: {m.reason}")  # ranks may not have started
+                return
         now = self.now()
 
         def migrate(r: JobRecord) -> JobRecord | None:
-            if r.state is not JobState.RUNNING or r.attempt != m.attempt or not r.spec.checkpointable:
+            if r.state is not JobState.RUNNING or r.attempt != m.attempt or not (r.spec.checkpointable or not m.target):
                 return None  # ended, moved or requeued meanwhile: the migration service sees it and gives up
             r.state, r.reason, r.updated_at = JobState.MIGRATING, f"migrating: {m.reason}", now
             r.move = MoveTicket(migration_id=m.migration_id, target=list(m.target), reason=m.reason, since=now)
@@ -559,6 +562,13 @@ class QueueService(Service):
             if len(acks) < len(r.allocation):
                 r.move = msgspec.structs.replace(mv, acked=acks, ran_s=ran)
                 return r
+            if not mv.target:  # every rank stopped: requeue (or fail) without a restore
+                r.allocation, r.domains, r.started_ranks, r.exit_codes, r.move = [], [], [], {}, None
+                if r.spec.on_node_failure == "fail":
+                    r.state, r.ended_at, r.reason = JobState.FAILED, now, f"evacuated: {mv.reason}"
+                else:
+                    r.state, r.attempt, r.reason = JobState.PENDING, ev.attempt + 1, f"requeued: evacuated: {mv.reason}"
+                return r
             r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, ev.attempt + 1, list(mv.target), []
             r.started_ranks, r.exit_codes, r.inflight_since, r.move = [], {}, now, None
             r.ran_s, r.checkpoint = r.ran_s + ran, f"{r.id}:{ev.attempt}"
@@ -566,9 +576,18 @@ class QueueService(Service):
             return r
 
         rec, changed = await self.store.update_job(ev.job_id, acked)
-        if rec is None or not changed or rec.state is not JobState.PENDING or rec.attempt != ev.attempt + 1:
+        if rec is None or not changed or rec.state is JobState.MIGRATING:
             return
         await self.emit(rec)
+        if rec.state is not JobState.PENDING or rec.inflight_since is None:  # requeued or failed: free the GPUs
+            await self.bus.publish(
+                self.names.orders,
+                ReleaseOrder(job_id=rec.id, reason=rec.reason),
+                msg_id=f"{rec.id}:{ev.attempt}:release:evacuate",
+                headers=_trace(rec),
+            )
+            self.kick.set()
+            return
         # release first: placement handles orders in order, so the pinned commit finds the GPUs free
         await self.bus.publish(
             self.names.orders,
