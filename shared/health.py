@@ -12,7 +12,7 @@ holds; an active rule gives the GPU its verdict, and the GPU's health is the wor
 | `nvlink_errors` | degraded | NVLink error counters grow > `nvlink_errors_per_min` (60) | 3 / 10 s; 6 / 60 s |
 | `nvlink_down` | degraded | fewer NVLink links up than the GPU has | 3 / 10 s; 6 / 60 s |
 | `throttle` | degraded | a reason in `throttle_reasons` (HW slowdown, thermal, power brake) | 3 / 10 s; 6 / 60 s |
-| `temperature` | degraded | `temp_c >= temperature_c` (87 C) | 3 / 10 s; 6 / 60 s |
+| `temperature` | degraded | `temp_c >= temperature_c` (90 C) | 3 / 10 s; 6 / 60 s |
 | `fabric` | degraded | fabric registration reported and not `completed` | 3 / 10 s; 6 / 60 s |
 
 ("3 / 10 s": 3 consecutive samples spanning at least 10 s.)
@@ -103,7 +103,7 @@ class HealthRules:
     fatal_xids: frozenset[int] = FATAL_XIDS
     degrading_xids: frozenset[int] = DEGRADING_XIDS
     nvlink_errors_per_min: float = 60.0
-    temperature_c: float = 87.0
+    temperature_c: float = 90.0  # B200-class slowdown is near; a domain running 12 C hot stays below
     throttle_reasons: frozenset[str] = THROTTLE_REASONS
     hysteresis: Mapping[str, Hysteresis] = field(default_factory=lambda: dict(DEFAULT_HYSTERESIS))
 

@@ -5,7 +5,7 @@ A plan is a YAML or JSON list; `at` is seconds after the agent starts, on the ag
     - {at: 30, node: d02-n07, gpu: 3, xid: 79}          # GPU 3 falls off the bus at t=30 s
     - {at: 10, node: d05-n11, silent: true}             # the node stops heartbeating
     - {at: 0, domain: d01, hot_c: 12}                   # the whole domain runs 12 C hot
-    - {at: 5, node: d00-n02, gpu: 1, temp_c: 90, flap: 1}   # a sensor flapping around the threshold
+    - {at: 5, node: d00-n02, gpu: 1, temp_c: 93, flap: 1}   # a sensor flapping around the threshold
     - {at: 20, node: d00-n03, gpu: 0, nvlink_down: 2, for_s: 60}
 
 `SimBackend` applies a node's entries (`SimBackend.schedule`); a running fleet takes one at once with

@@ -157,7 +157,7 @@ async def test_fault_injected_into_a_running_fleet(harness: Harness) -> None:
 
 async def test_flapping_temperature_inside_the_window_changes_nothing(harness: Harness) -> None:
     d = await HandDriven.open(harness)
-    # GPU 1 flaps above and below 87 C sample by sample; GPU 2 stays hot: the control that the rule can fire
+    # GPU 1 flaps above and below 90 C sample by sample; GPU 2 stays hot: the control that the rule can fire
     d.backend.inject(Fault(node=d.agent.node, gpu=1, temp_c=95.0, flap=1))
     d.backend.inject(Fault(node=d.agent.node, gpu=2, temp_c=95.0))
     await d.samples(2)

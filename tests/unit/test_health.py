@@ -64,7 +64,7 @@ CASES = [
     Case("nvlink_errors", "degraded", _errors(10), _errors(4)),
     Case("nvlink_down", "degraded", lambda i: {"nvlink": NvLinkSample(up=17, total=18, errors=40)}, lambda i: {}),
     Case("throttle", "degraded", lambda i: {"throttle": ["hw_thermal"]}, lambda i: {"throttle": ["sw_power_cap"]}),
-    Case("temperature", "degraded", lambda i: {"temp_c": 91.0}, lambda i: {"temp_c": 86.9}),
+    Case("temperature", "degraded", lambda i: {"temp_c": 91.0}, lambda i: {"temp_c": 89.9}),
     Case("fabric", "degraded", lambda i: {"fabric": "in_progress"}, lambda i: {"fabric": ""}),
 ]
 

@@ -95,6 +95,18 @@ def test_hot_domain_and_pinned_temperature() -> None:
     assert h[1].temp_c == 95.0
 
 
+def test_a_domain_running_hot_is_no_health_fault_by_itself() -> None:
+    # 12 C hot and busy: hotter than its neighbours (a rebalancing signal) but under the temperature rule
+    b = SimBackend("d01-n00", "d01", seed=11)
+    b.inject(Fault(domain="d01", hot_c=12))
+    state, rules, temps = NodeHealthState(), HealthRules(), []
+    for t in range(500):
+        gpus = b.telemetry(frozenset(range(4)))
+        temps += [g.temp_c for g in gpus]
+        assert evaluate(rules, state, Telemetry(node=b.node, at=5.0 * t, gpus=gpus), 5.0 * t) == []
+    assert 85 < sum(temps) / len(temps) < rules.temperature_c
+
+
 def test_flapping_fault_alternates_sample_by_sample() -> None:
     b = SimBackend("n", "d")
     b.inject(Fault(node="n", gpu=2, temp_c=91.0, flap=2))
