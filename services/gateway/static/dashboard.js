@@ -158,17 +158,21 @@
     }
   }
 
-  // Redraws: at most one in flight; events arriving meanwhile ask for one more.
+  // Redraws: at most one in flight and one per MIN_GAP_MS (a busy cluster sends hundreds of events a second;
+  // each redraw reads the whole cluster view); events arriving meanwhile ask for one more.
+  const MIN_GAP_MS = 500;
   let timer = null;
   let running = false;
   let again = false;
+  let lastStart = -Infinity;
 
   function schedule() {
     if (timer === null) {
+      const wait = Math.max(50, lastStart + MIN_GAP_MS - performance.now());
       timer = setTimeout(() => {
         timer = null;
         refresh();
-      }, 100);
+      }, wait);
     }
   }
 
@@ -178,6 +182,7 @@
       return;
     }
     running = true;
+    lastStart = performance.now();
     try {
       const [cluster, pending] = await Promise.all([api("/v1/cluster"), api("/v1/jobs?state=pending&limit=500")]);
       drawCluster(cluster);
