@@ -17,16 +17,33 @@ from typing import Any
 import pytest
 
 from services.agent.backends import SimBackend
-from shared.schemas import ORDERS, JobEvent, JobState, MigrationEvent, PlaceOrder, RankExited, RankStarted
+from shared.schemas import (
+    ORDERS,
+    Fault,
+    JobEvent,
+    JobState,
+    MigrationEvent,
+    NodeChanged,
+    PlaceOrder,
+    RankExited,
+    RankStarted,
+)
 from tests.e2e.conftest import E2E, StackFactory, domain_of, double_bookings, service_errors, wait_until
 
 pytestmark = pytest.mark.asyncio
 
 FAULT_TO_RUNNING_S = 10.0  # the acceptance bound: fault → the job running again on healthy GPUs
+FAST_TELEMETRY = {"telemetry_s": 0.2}
 
 
 def nodes_of(view: dict[str, Any]) -> list[str]:
     return [p["node"] for p in view["allocation"]]
+
+
+def inject(e2e: E2E, fault: Fault) -> None:
+    fleet = e2e.stack.fleet
+    assert fleet is not None
+    assert fleet.inject(fault) == [fault.node]
 
 
 def backend(e2e: E2E, node: str) -> SimBackend:
@@ -76,7 +93,7 @@ def ran_once(job: str, starts: list[RankStarted], exits: list[RankExited]) -> li
 async def test_fatal_gpu_fault_moves_checkpointable_job_within_one_domain_and_requeues_the_other(
     open_stack: StackFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
-    e2e: E2E = await open_stack(domains=2, settings={"checkpoint_s": 0.3})
+    e2e: E2E = await open_stack(domains=2, settings={"checkpoint_s": 0.3, **FAST_TELEMETRY})
     movable = await e2e.submit({"name": "ckpt", "tenant": "a", "gpus": 16, "checkpointable": True, "duration_s": 8.0})
     plain = await e2e.submit({"name": "plain", "tenant": "a", "gpus": 4, "duration_s": 8.0})
     first = {j: await e2e.wait_state(j, {"running"}) for j in (movable, plain)}
@@ -85,8 +102,8 @@ async def test_fatal_gpu_fault_moves_checkpointable_job_within_one_domain_and_re
     assert hit != other
 
     fault_at = time.time()  # the services' clock (Deps.clock defaults to time.time)
-    backend(e2e, hit).set_health(2, "down")
-    backend(e2e, other).set_health(0, "down")
+    inject(e2e, Fault(node=hit, gpu=2, xid=79))  # fell off the bus: fatal
+    inject(e2e, Fault(node=other, gpu=0, xid=48))  # double-bit ECC: fatal
 
     moved = await e2e.wait_state(movable, {"running", "succeeded"}, check=lambda v: v["attempt"] >= 2)
     assert (hit, 2) not in {(p["node"], g) for p in moved["allocation"] for g in p["gpus"]}, moved
@@ -215,3 +232,49 @@ async def test_defragmentation_moves_the_fewest_jobs_so_a_domain_sized_job_runs(
         assert not ran_once(job, starts[job], exits[job])
     assert not double_bookings(await e2e.job_events())
     assert not service_errors(caplog.records)
+
+
+async def test_flapping_telemetry_within_the_hysteresis_window_moves_nothing(
+    open_stack: StackFactory, caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    """Temperature rule: degraded after 3 hot samples spanning 1 s, lifted after 6 clear ones spanning 3 s.
+    A sensor flapping every sample never holds 3 in a row: no health change, no move. The control, a GPU
+    that stays hot, turns degraded and its checkpointable job moves — so the same path does act."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(
+        "temperature_c: 87\nrules:\n  temperature: {hold_samples: 3, hold_s: 1, clear_samples: 6, clear_s: 3}\n"
+    )
+    settings = {"checkpoint_s": 0.2, "health_rules_file": str(rules), **FAST_TELEMETRY}
+    e2e: E2E = await open_stack(domains=1, settings=settings)
+    body = {"tenant": "a", "gpus": 4, "checkpointable": True, "duration_s": 120.0}
+    flappy = await e2e.submit({**body, "name": "flappy"})
+    steady = await e2e.submit({**body, "name": "steady"})
+    views = {j: await e2e.wait_state(j, {"running"}) for j in (flappy, steady)}
+    flap_node, hot_node = nodes_of(views[flappy])[0], nodes_of(views[steady])[0]
+
+    inject(e2e, Fault(node=flap_node, gpu=1, temp_c=95.0, flap=1))
+    inject(e2e, Fault(node=hot_node, gpu=1, temp_c=95.0))
+    moved = await e2e.wait_state(steady, {"running"}, check=lambda v: v["attempt"] >= 2)
+    assert hot_node not in nodes_of(moved), moved
+
+    # the flapping GPU has flapped for as long as the steady one took to be moved, and longer
+    async def samples_enough() -> bool:
+        nodes = [e for e in await e2e.decoded(e2e.names.node_events) if isinstance(e, NodeChanged)]
+        return sum(e.node == hot_node and bool(e.changed_gpus) for e in nodes) >= 1
+
+    await wait_until(samples_enough, "the steady GPU's health change on the bus")
+    hot_for = time.time()
+    await wait_until(lambda: _later(hot_for + 4.0), "4 s more of flapping (20 samples)")
+    view = await e2e.job(flappy)
+    assert view["state"] == "running" and view["attempt"] == 1, view
+    changes = [
+        e for e in await e2e.decoded(e2e.names.node_events) if isinstance(e, NodeChanged) and e.node == flap_node
+    ]
+    assert not [e for e in changes if e.changed_gpus], changes
+    moves = [e.record for e in await migration_events(e2e)]
+    assert {r.job_id for r in moves} == {steady}, moves
+    assert not service_errors(caplog.records)
+
+
+async def _later(at: float) -> bool:
+    return time.time() >= at
