@@ -250,6 +250,10 @@ def undrain(args: argparse.Namespace, client: Client, out: Out) -> int:
     return _admin("undrain", args, client, out)
 
 
+def clear_health(args: argparse.Namespace, client: Client, out: Out) -> int:
+    return _admin("clear-health", args, client, out)
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Client, Out], int]] = {
     "submit": submit,
     "jobs": jobs,
@@ -258,4 +262,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client, Out], int]] = {
     "cluster": cluster,
     "drain": drain,
     "undrain": undrain,
+    "clear-health": clear_health,
 }

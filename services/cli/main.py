@@ -2,7 +2,7 @@
 
     rackscale up [--domains 4] [--policy rackscale] [--port 8080]   run everything locally until Ctrl-C
     rackscale submit --gpus 64 --name demo --tenant me -- python train.py
-    rackscale jobs | job ID | cancel ID | cluster | drain NODE | undrain NODE
+    rackscale jobs | job ID | cancel ID | cluster | drain NODE | undrain NODE | clear-health NODE
     rackscale demo                                                   the scheduling core alone, in the terminal
     rackscale sim --trace FILE ...                                   replay a trace, compare policies
 
@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--reason", default="", help="why (shown with the node)")
     u = sub.add_parser("undrain", parents=[api], help="put a drained node back in service")
     u.add_argument("node")
+    ch = sub.add_parser("clear-health", parents=[api], help="lift the GPU health rules' verdicts (fatal XIDs too)")
+    ch.add_argument("node")
+    ch.add_argument("--reason", default="", help="why (shown in the node's event)")
     return parser
 
 

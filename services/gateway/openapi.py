@@ -67,10 +67,10 @@ _LIST_PARAMS = [
 ]
 
 
-def _admin(action: str) -> dict[str, Any]:
+def _admin(action: str, op: str = "", summary: str = "") -> dict[str, Any]:
     return {
-        "operationId": f"{action}Node",
-        "summary": f"{action.capitalize()} a node (asks inventory)",
+        "operationId": op or f"{action}Node",
+        "summary": summary or f"{action.capitalize()} a node (asks inventory)",
         "tags": ["nodes"],
         "parameters": [_NODE_ID],
         "requestBody": {
@@ -140,6 +140,9 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("post", "/v1/nodes/{id}/drain"): _admin("drain"),
     ("post", "/v1/nodes/{id}/undrain"): _admin("undrain"),
+    ("post", "/v1/nodes/{id}/clear-health"): _admin(
+        "clear_health", "clearNodeHealth", "Lift the GPU health rules' verdicts on a node, latched faults too"
+    ),
     ("get", "/v1/events"): {
         "operationId": "streamEvents",
         "summary": "Server-sent events: `event: job` (JobEvent), `event: node` (NodeChanged), `event: cluster`",

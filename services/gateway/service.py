@@ -278,7 +278,11 @@ class Gateway:
     async def undrain(self, request: web.Request) -> web.Response:
         return await self._admin(request, "undrain")
 
-    async def _admin(self, request: web.Request, action: Literal["drain", "undrain"]) -> web.Response:
+    async def clear_health(self, request: web.Request) -> web.Response:
+        """Lift the health rules' verdicts on the node's GPUs, latched fatal XIDs too (shared/health.py)."""
+        return await self._admin(request, "clear_health")
+
+    async def _admin(self, request: web.Request, action: Literal["drain", "undrain", "clear_health"]) -> web.Response:
         node = request.match_info["id"]
         if not auth.principal(request).admin:
             return error_response(403, f"only an admin token may {action} nodes")
@@ -393,6 +397,7 @@ def routes(gw: Gateway, spec: bytes) -> list[tuple[str, str, Handler]]:
         ("GET", "/v1/cluster", gw.cluster),
         ("POST", "/v1/nodes/{id}/drain", gw.drain),
         ("POST", "/v1/nodes/{id}/undrain", gw.undrain),
+        ("POST", "/v1/nodes/{id}/clear-health", gw.clear_health),
         ("GET", "/v1/events", gw.events),
         ("GET", "/openapi.json", openapi_json),
         ("GET", "/healthz", gw.healthz),

@@ -370,14 +370,17 @@ async def test_drain_and_undrain_ask_inventory(gw: Gw, nats_client: NatsClient) 
     assert resp.status == 200 and await resp.json() == {"node": "n1", "state": "up"}
     resp = await gw.client.post("/v1/nodes/n9/drain")
     assert resp.status == 404 and await resp.json() == {"error": "unknown node n9", "field": None}
+    resp = await gw.client.post("/v1/nodes/n1/clear-health", json={"reason": "GPU 3 reseated"})
+    assert resp.status == 200
     assert [(a.node, a.action, a.reason) for a in asked] == [
         ("n1", "drain", "swap a tray"),
         ("n1", "undrain", ""),
         ("n9", "drain", ""),
+        ("n1", "clear_health", "GPU 3 reseated"),
     ]
     bad = await gw.client.post("/v1/nodes/n1/drain", json={"why": "x"})
     assert bad.status == 422 and (await bad.json())["field"] == "why"
-    assert len(asked) == 3  # nothing asked for a bad body
+    assert len(asked) == 4  # nothing asked for a bad body
 
 
 async def test_drain_without_inventory_is_503(gw: Gw) -> None:
@@ -449,6 +452,7 @@ async def test_not_ready_without_nats(nats_url: str, redis_url: str, namespace: 
 
 async def test_openapi_document_is_valid(gw: Gw) -> None:
     import openapi_spec_validator as validator
+
     resp = await gw.client.get("/openapi.json")
     assert resp.status == 200
     doc = await resp.json()
