@@ -45,11 +45,13 @@
     return e;
   }
 
-  // A stable colour per job id (FNV-1a): the same job has the same colour on every redraw and every screen.
+  // A stable colour per job id (FNV-1a, mixed): the same job has the same colour on every redraw and every screen.
   function colour(id) {
     let h = 2166136261;
     for (let i = 0; i < id.length; i++) h = Math.imul(h ^ id.charCodeAt(i), 16777619);
-    h >>>= 0;
+    h = Math.imul(h ^ (h >>> 16), 0x85ebca6b); // murmur3's finaliser: ids alike in their last bytes differ too
+    h = Math.imul(h ^ (h >>> 13), 0xc2b2ae35);
+    h = (h ^ (h >>> 16)) >>> 0;
     return `hsl(${h % 360} ${55 + ((h >>> 9) % 3) * 10}% ${38 + ((h >>> 11) % 3) * 8}%)`;
   }
 
