@@ -273,9 +273,8 @@ def evaluate(rules: HealthRules, state: NodeHealthState, sample: Telemetry, now:
                 gpu.rules[name] = st
             else:
                 gpu.rules.pop(name, None)  # keep the stored state small: idle rules aren't stored
-        if not s.lost:  # a lost GPU reports zeros: keep the last real counters
-            gpu.nvlink_errors, gpu.ecc_uncorrected = s.nvlink.errors, s.ecc_uncorrected
-        gpu.at = now
+        if not s.lost:  # a lost GPU reports zeros: keep the last real counters and their time (rates span the gap)
+            gpu.nvlink_errors, gpu.ecc_uncorrected, gpu.at = s.nvlink.errors, s.ecc_uncorrected, now
         after = gpu_health(gpu)
         if after == before:
             continue

@@ -230,6 +230,17 @@ def test_a_lost_gpu_keeps_its_last_counters() -> None:
     assert f.changes == []
 
 
+def test_a_rate_after_a_gap_spans_the_gap() -> None:
+    # 50 NVLink errors over the 55 s since the last real sample: 55/min, under 60/min (over 5 s it would be 600/min)
+    at_once = Hysteresis(hold_samples=1, hold_s=0.0)
+    rules = {"fell_off_bus": Hysteresis(enabled=False), "nvlink_errors": at_once}
+    f = Feeder(HealthRules(hysteresis=DEFAULT_HYSTERESIS | rules))
+    f.feed({"nvlink": NvLinkSample(up=18, total=18, errors=100)})
+    f.feed({"lost": True}, 10)
+    f.run(lambda i: {"nvlink": NvLinkSample(up=18, total=18, errors=150)}, 5)
+    assert f.changes == []
+
+
 def test_a_disabled_rule_never_fires() -> None:
     f = Feeder(HealthRules(hysteresis=DEFAULT_HYSTERESIS | {"temperature": Hysteresis(enabled=False)}))
     f.feed({"temp_c": 99.0}, 20)
