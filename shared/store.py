@@ -19,12 +19,14 @@ from shared.names import Names
 from shared.schemas import (
     ALLOCATION_RECORD,
     JOB_RECORD,
+    MIGRATION_RECORD,
     NODE_HEALTH_STATE,
     NODE_RECORD,
     TERMINAL,
     AllocationRecord,
     JobRecord,
     JobState,
+    MigrationRecord,
     NodeGpus,
     NodeHealthState,
     NodeRecord,
@@ -264,6 +266,34 @@ class Store:
     async def gpu_owners(self, node: str) -> dict[int, str]:
         raw = await self.r.hgetall(self.names.gpus_key(node))
         return {int(k): v.decode() for k, v in raw.items()}
+
+    # -- migration: moves (the API's view; the truth is the MIGRATIONS stream) ------------------------------
+    async def put_migration(self, rec: MigrationRecord) -> None:
+        n = self.names
+        async with self.r.pipeline(transaction=True) as p:
+            p.set(n.migration_key(rec.id), encode(rec))
+            p.zadd(n.migrations_key, {rec.id: rec.created_at}, nx=True)
+            await p.execute()
+
+    async def list_migrations(
+        self, *, tenant: str | None = None, job_id: str | None = None, offset: int = 0, limit: int = 50
+    ) -> tuple[list[MigrationRecord], int]:
+        """Moves, newest first, filtered; returns (page, total matching)."""
+        n = self.names
+        ids = [m.decode() for m in await self.r.zrevrange(n.migrations_key, 0, -1)]
+        out: list[MigrationRecord] = []
+        matched = 0
+        for start in range(0, len(ids), 500):
+            raws = await self.r.mget([n.migration_key(i) for i in ids[start : start + 500]])
+            for raw in raws:
+                if not raw:
+                    continue
+                rec = MIGRATION_RECORD.decode(raw)
+                if (tenant is None or rec.tenant == tenant) and (job_id is None or rec.job_id == job_id):
+                    if offset <= matched < offset + limit:
+                        out.append(rec)
+                    matched += 1
+        return out, matched
 
 
 def node_gpus(pairs: Iterable[tuple[str, Iterable[int]]]) -> list[NodeGpus]:

@@ -143,6 +143,41 @@ def jobs(args: argparse.Namespace, client: Client, out: Out) -> int:
     return 0
 
 
+def _placed(parts: Sequence[dict[str, Any]]) -> str:
+    return " ".join(f"{p['node']}:{_gpu_list(p['gpus'])}" for p in parts) or "-"
+
+
+def migrations(args: argparse.Namespace, client: Client, out: Out) -> int:
+    query = {"tenant": args.tenant, "job": args.job, "limit": args.limit, "offset": args.offset}
+    doc = client.get("/v1/migrations", query)
+    if args.json:
+        _print_json(out, doc)
+        return 0
+    now = time.time()
+    rows = [
+        [
+            m["id"],
+            m["job_id"],
+            m["kind"],
+            m["state"],
+            _placed(m["from"]),
+            _placed(m["to"]) if m["to"] else "(requeued)",
+            ago(m.get("created_at"), now),
+            "-" if m.get("took_s") is None else f"{m['took_s']:.1f}s",
+            (m.get("error") + ": " if m.get("error") else "") + m["why"],
+        ]
+        for m in doc["migrations"]
+    ]
+    if rows:
+        out(table(["ID", "JOB", "KIND", "STATE", "FROM", "TO", "AGE", "TOOK", "WHY"], rows))
+    else:
+        out("no migrations")
+    shown, total = len(rows), doc.get("total", len(rows))
+    if total > shown:
+        out(f"{shown} of {total} migrations (--offset {doc.get('offset', 0) + shown} for more)")
+    return 0
+
+
 def _gpu_list(gpus: Sequence[int]) -> str:
     """[0,1,2,3] → `0-3`, [0,2] → `0,2`."""
     if not gpus:
@@ -263,4 +298,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client, Out], int]] = {
     "drain": drain,
     "undrain": undrain,
     "clear-health": clear_health,
+    "migrations": migrations,
 }

@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     ch = sub.add_parser("clear-health", parents=[api], help="lift the GPU health rules' verdicts (fatal XIDs too)")
     ch.add_argument("node")
     ch.add_argument("--reason", default="", help="why (shown in the node's event)")
+    ms = sub.add_parser("migrations", parents=[api], help="moves of running jobs: job, from, to, why, state, timings")
+    ms.add_argument("--tenant", default=None)
+    ms.add_argument("--job", default=None, help="only this job's moves")
+    ms.add_argument("--limit", type=_positive_int, default=50, help="at most this many (max 500, default 50)")
+    ms.add_argument("--offset", type=int, default=0)
     return parser
 
 

@@ -23,6 +23,7 @@ _SCHEMA_TYPES: tuple[Any, ...] = (
     views.Accepted,
     views.JobView,
     views.JobList,
+    views.MigrationList,
     views.ClusterView,
     views.DrainBody,
     views.NodeAdminResult,
@@ -137,6 +138,18 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "Domains, nodes and GPUs with health, owners, allocations and utilisation",
         "tags": ["cluster"],
         "responses": {"200": _json("ClusterView", "the cluster")},
+    },
+    ("get", "/v1/migrations"): {
+        "operationId": "listMigrations",
+        "summary": "Moves of running jobs (evacuation, defragmentation), newest first: job, from, to, why, state, "
+        "timings",
+        "tags": ["migrations"],
+        "parameters": [
+            {"name": "tenant", "in": "query", "required": False, "schema": {"type": "string"}},
+            {"name": "job", "in": "query", "required": False, "schema": {"type": "string"}},
+            *_LIST_PARAMS[-2:],
+        ],
+        "responses": {"200": _json("MigrationList", "one page of moves"), "422": _error("bad page")},
     },
     ("post", "/v1/nodes/{id}/drain"): _admin("drain"),
     ("post", "/v1/nodes/{id}/undrain"): _admin("undrain"),

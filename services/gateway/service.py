@@ -225,16 +225,9 @@ class Gateway:
             except ValueError:
                 allowed = ", ".join(s.value for s in JobState)
                 return error_response(422, f"state: must be one of {allowed}", "state")
-        page: dict[str, int] = {}
-        for name, default, low, high in (("offset", 0, 0, None), ("limit", DEFAULT_PAGE, 1, MAX_PAGE)):
-            try:
-                value = int(q.get(name, default))
-            except ValueError:
-                return error_response(422, f"{name}: must be a whole number", name)
-            if value < low or (high is not None and value > high):
-                bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-                return error_response(422, f"{name}: must be {bound}, got {value}", name)
-            page[name] = value
+        page, bad = _page(q)
+        if bad is not None:
+            return bad
         tenant = q.get("tenant") or None
         who = auth.principal(request)
         if not who.admin:
@@ -245,6 +238,23 @@ class Gateway:
         snap = await self.snapshot()
         jobs = [views.job_view(r, snap.domain_of) for r in recs]
         return json_response(views.JobList(jobs=jobs, total=total, **page))
+
+    async def list_migrations(self, request: web.Request) -> web.Response:
+        """GET /v1/migrations: moves, newest first; users see only their tenant's."""
+        q = request.query
+        page, bad = _page(q)
+        if bad is not None:
+            return bad
+        tenant = q.get("tenant") or None
+        who = auth.principal(request)
+        if not who.admin:
+            if tenant is not None and tenant != who.tenant:
+                return json_response(views.MigrationList(migrations=[], total=0, **page))
+            tenant = who.tenant
+        recs, total = await self.deps.store.list_migrations(tenant=tenant, job_id=q.get("job") or None, **page)
+        snap = await self.snapshot()
+        moves = [views.migration_view(r, snap.domain_of) for r in recs]
+        return json_response(views.MigrationList(migrations=moves, total=total, **page))
 
     async def cancel(self, request: web.Request) -> web.Response:
         # A job the queue hasn't recorded yet is unknown here: cancel after the submit is visible.
@@ -395,6 +405,7 @@ def routes(gw: Gateway, spec: bytes) -> list[tuple[str, str, Handler]]:
         ("GET", "/v1/jobs/{id}", gw.get_job),
         ("DELETE", "/v1/jobs/{id}", gw.cancel),
         ("GET", "/v1/cluster", gw.cluster),
+        ("GET", "/v1/migrations", gw.list_migrations),
         ("POST", "/v1/nodes/{id}/drain", gw.drain),
         ("POST", "/v1/nodes/{id}/undrain", gw.undrain),
         ("POST", "/v1/nodes/{id}/clear-health", gw.clear_health),
@@ -427,6 +438,21 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
+
+
+def _page(q: Any) -> tuple[dict[str, int], web.Response | None]:
+    """offset and limit of a list request, or the 422 naming the bad one."""
+    page: dict[str, int] = {}
+    for name, default, low, high in (("offset", 0, 0, None), ("limit", DEFAULT_PAGE, 1, MAX_PAGE)):
+        try:
+            value = int(q.get(name, default))
+        except ValueError:
+            return page, error_response(422, f"{name}: must be a whole number", name)
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            return page, error_response(422, f"{name}: must be {bound}, got {value}", name)
+        page[name] = value
+    return page, None
 
 
 def load_tokens(deps: Deps) -> Tokens | None:

@@ -10,7 +10,7 @@ from typing import Annotated
 import msgspec
 
 from shared.picture import gpu_cell
-from shared.schemas import AllocationRecord, JobRecord, JobState, NodeGpus, NodeRecord, TopologyBody
+from shared.schemas import AllocationRecord, JobRecord, JobState, MigrationRecord, NodeGpus, NodeRecord, TopologyBody
 
 
 class ErrorBody(msgspec.Struct, kw_only=True):
@@ -71,6 +71,34 @@ class JobView(msgspec.Struct, kw_only=True):
 class JobList(msgspec.Struct, kw_only=True):
     jobs: list[JobView]
     total: int  # jobs matching the filters
+    offset: int
+    limit: int
+
+
+class MigrationView(msgspec.Struct, kw_only=True):
+    """One move the migration service made (or an evacuation requeue: `to` is empty), and why."""
+
+    id: str
+    job_id: str
+    tenant: str
+    kind: str  # evacuate | defrag | rebalance
+    why: str
+    state: str  # requested | checkpointing | restoring | done | requeued | rolled_back
+    attempt: int  # the job attempt moved; it restores as attempt + 1
+    source: list[Placed] = msgspec.field(name="from")
+    to: list[Placed]
+    created_at: float
+    updated_at: float
+    steps: dict[str, float]  # step → time: requested, checkpointing, restoring, placed, running, done, ...
+    took_s: float | None  # requested → its final state
+    error: str
+    cost_gpu_s: float  # the planner's estimate (checkpoint + restore time x GPUs)
+    gain_gpu_s: float
+
+
+class MigrationList(msgspec.Struct, kw_only=True):
+    migrations: list[MigrationView]
+    total: int
     offset: int
     limit: int
 
@@ -167,6 +195,28 @@ def job_view(rec: JobRecord, domain_of: Mapping[str, str]) -> JobView:
         attempt=rec.attempt,
         exit_codes=dict(rec.exit_codes),
         trace_id=trace_id(rec.trace),
+    )
+
+
+def migration_view(rec: MigrationRecord, domain_of: Mapping[str, str]) -> MigrationView:
+    final = rec.steps.get(rec.state) if rec.state in ("done", "requeued", "rolled_back") else None
+    return MigrationView(
+        id=rec.id,
+        job_id=rec.job_id,
+        tenant=rec.tenant,
+        kind=rec.kind,
+        why=rec.why,
+        state=rec.state,
+        attempt=rec.attempt,
+        source=placed(rec.source, domain_of),
+        to=placed(rec.target, domain_of),
+        created_at=rec.created_at,
+        updated_at=rec.updated_at,
+        steps=dict(rec.steps),
+        took_s=None if final is None else max(0.0, final - rec.created_at),
+        error=rec.error,
+        cost_gpu_s=rec.cost_gpu_s,
+        gain_gpu_s=rec.gain_gpu_s,
     )
 
 

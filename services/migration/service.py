@@ -155,13 +155,9 @@ class MigrationService(Service):
         now = self.now()
         rec.updated_at = now
         self.records[rec.id] = rec
-        data = encode(rec)
-        await self.bus.js.publish(self.names.migration_record(rec.id), data)
+        await self.bus.js.publish(self.names.migration_record(rec.id), encode(rec))
+        await self.store.put_migration(rec)
         n = self.names
-        async with self.store.r.pipeline(transaction=True) as p:
-            p.set(n.migration_key(rec.id), data)
-            p.zadd(n.migrations_key, {rec.id: rec.created_at}, nx=True)
-            await p.execute()
         if step is not None:
             await self.bus.publish(
                 n.migration_events, MigrationEvent(record=rec, at=now), msg_id=f"migration:{rec.id}:{step}"

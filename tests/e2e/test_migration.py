@@ -7,6 +7,7 @@ long the test waited; waits only bound how long a test may take.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import signal
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from services.agent.backends import SimBackend
+from services.cli.main import main as cli
 from shared.schemas import (
     ORDERS,
     Fault,
@@ -34,6 +36,13 @@ pytestmark = pytest.mark.asyncio
 
 FAULT_TO_RUNNING_S = 10.0  # the acceptance bound: fault → the job running again on healthy GPUs
 FAST_TELEMETRY = {"telemetry_s": 0.2}
+ALICE, BOB, ADMIN = "alice-migration-token-0001", "bob-migration-token-000002", "ops-migration-token-000003"
+TOKENS_YAML = f"""
+tokens:
+  - {{token: "{ALICE}", tenant: alice, role: user}}
+  - {{token: "{BOB}", tenant: bob, role: user}}
+  - {{token: "{ADMIN}", tenant: ops, role: admin}}
+"""
 
 
 def nodes_of(view: dict[str, Any]) -> list[str]:
@@ -91,11 +100,15 @@ def ran_once(job: str, starts: list[RankStarted], exits: list[RankExited]) -> li
 
 
 async def test_fatal_gpu_fault_moves_checkpointable_job_within_one_domain_and_requeues_the_other(
-    open_stack: StackFactory, caplog: pytest.LogCaptureFixture
+    open_stack: StackFactory, caplog: pytest.LogCaptureFixture, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    e2e: E2E = await open_stack(domains=2, settings={"checkpoint_s": 0.3, **FAST_TELEMETRY})
-    movable = await e2e.submit({"name": "ckpt", "tenant": "a", "gpus": 16, "checkpointable": True, "duration_s": 8.0})
-    plain = await e2e.submit({"name": "plain", "tenant": "a", "gpus": 4, "duration_s": 8.0})
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(TOKENS_YAML)
+    settings = {"checkpoint_s": 0.3, "tokens_file": str(tokens), **FAST_TELEMETRY}
+    e2e: E2E = await open_stack(domains=2, token=ADMIN, settings=settings)
+    body = {"name": "ckpt", "tenant": "alice", "gpus": 16, "checkpointable": True, "duration_s": 8.0}
+    movable = await e2e.submit(body)
+    plain = await e2e.submit({"name": "plain", "tenant": "bob", "gpus": 4, "duration_s": 8.0})
     first = {j: await e2e.wait_state(j, {"running"}) for j in (movable, plain)}
     hit = nodes_of(first[movable])[1]
     other = nodes_of(first[plain])[0]
@@ -136,8 +149,35 @@ async def test_fatal_gpu_fault_moves_checkpointable_job_within_one_domain_and_re
         assert not ran_once(job, starts[job], exits[job])
     kinds = {(e.record.job_id, e.record.state) for e in await migration_events(e2e)}
     assert (movable, "done") in kinds and (plain, "requeued") in kinds, kinds
+
+    # the API: each move with job, from, to, why, state and timings; a user sees only its tenant's
+    everything = await _migrations(e2e, ADMIN)
+    by_job = {m["job_id"]: m for m in everything["migrations"]}
+    assert set(by_job) == {movable, plain} and everything["total"] == 2, everything
+    move = by_job[movable]
+    assert move["state"] == "done" and move["kind"] == "evacuate" and "failed" in move["why"], move
+    assert move["from"] == first[movable]["allocation"] and move["to"] == moved["allocation"], move
+    assert {"requested", "checkpointing", "restoring", "placed", "running", "done"} <= set(move["steps"]), move
+    assert 0 < move["took_s"] < FAULT_TO_RUNNING_S, move
+    assert by_job[plain]["state"] == "requeued" and by_job[plain]["to"] == [], by_job[plain]
+    assert [m["job_id"] for m in (await _migrations(e2e, ALICE))["migrations"]] == [movable]
+    assert [m["job_id"] for m in (await _migrations(e2e, BOB, tenant="alice"))["migrations"]] == []
+    # and the CLI's table of the same
+    monkeypatch.setenv("RACKSCALE_TOKEN", ALICE)
+    lines: list[str] = []
+    assert await asyncio.to_thread(cli, ["migrations", "--url", e2e.url], lines.append, lines.append) == 0
+    table = "\n".join(lines)
+    assert movable in table and "done" in table and plain not in table, table
+
     assert not double_bookings(await e2e.job_events())
     assert not service_errors(caplog.records)
+
+
+async def _migrations(e2e: E2E, token: str, **query: str) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with e2e.http.get(f"{e2e.url}/v1/migrations", params=query, headers=headers) as r:
+        assert r.status == 200, await r.text()
+        return dict(await r.json())
 
 
 async def test_sigkill_mid_move_every_job_runs_exactly_once(
