@@ -217,6 +217,35 @@ async def test_empty_command_on_a_sim_node_is_a_timer(harness: Harness) -> None:
     assert exited.reason == "stopped (preempted (checkpoint)): killed by SIGTERM"
 
 
+async def test_checkpoint_stop_is_acknowledged_and_a_stop_spares_newer_attempts(harness: Harness) -> None:
+    """A move: StopRank(checkpoint) takes checkpoint_s on a sim node, then the exit says checkpointed with
+    how long the rank ran (the queue's ack); a late stop of attempt 1 leaves the restored attempt 2 alone."""
+    h = harness
+    agent = await h.agent(SimBackend(NODE, "d00"))
+    await command(h, start([], job="job-m", attempt=1, duration_s=3600))
+    started = await wait_started(h, "job-m")
+    await command(h, StopRank(job_id="job-m", node=NODE, reason="migrating", checkpoint=True, attempt=1))
+    _, exited = await wait_exit(h, "job-m")
+    assert isinstance(exited, RankExited) and exited.checkpointed and not exited.lost, exited
+    assert exited.ran_s >= agent.deps.settings.checkpoint_s, exited  # the checkpoint took its time
+    assert exited.ran_s == pytest.approx(exited.at - started.at, abs=0.05), exited
+
+    await command(h, start([], job="job-m", attempt=2, duration_s=3600))
+    await wait_for_messages(
+        h,
+        h.names.agent_events,
+        EVENTS,
+        lambda msgs: any(isinstance(e, RankStarted) and e.attempt == 2 for e in msgs),
+        "attempt 2 started",
+    )
+    await command(h, StopRank(job_id="job-m", node=NODE, reason="late release", attempt=1))
+    await wait_until(lambda: _consumer_idle(h), "the late stop handled")
+    assert agent.runs[("job-m", 2)].running
+    await command(h, StopRank(job_id="job-m", node=NODE, reason="cancelled", attempt=2))
+    last = (await wait_exit(h, "job-m", count=2))[-1]
+    assert isinstance(last, RankExited) and last.attempt == 2 and not last.checkpointed, last
+
+
 async def test_malformed_command_is_dead_lettered_and_the_agent_goes_on(harness: Harness) -> None:
     h = harness
     agent = await h.agent(SimBackend(NODE, "d00"))
