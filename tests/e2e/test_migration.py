@@ -121,6 +121,8 @@ async def test_fatal_gpu_fault_moves_checkpointable_job_within_one_domain_and_re
     moved = await e2e.wait_state(movable, {"running", "succeeded"}, check=lambda v: v["attempt"] >= 2)
     assert (hit, 2) not in {(p["node"], g) for p in moved["allocation"] for g in p["gpus"]}, moved
     assert len({domain_of(n) for n in nodes_of(moved)}) == 1, moved  # required NVLink: one domain
+    # in place: the three good nodes keep their ranks, the failed node's rank went to a spare of the domain
+    assert len(set(nodes_of(moved)) & set(nodes_of(first[movable]))) == 3, (first[movable], moved)
     evs = await events_of(e2e, movable)
     states = [(e.state, e.attempt) for e in evs]
     assert (JobState.MIGRATING, 1) in states, states
@@ -318,3 +320,29 @@ async def test_flapping_telemetry_within_the_hysteresis_window_moves_nothing(
 
 async def _later(at: float) -> bool:
     return time.time() >= at
+
+
+async def test_a_checkpoint_not_acknowledged_in_time_rolls_the_move_back_and_requeues_the_job(
+    open_stack: StackFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    # the agents take 60 s to checkpoint; the migration service gives each step 1 s
+    settings = {"checkpoint_s": 60.0, "migration_step_timeout_s": 1.0, "migration_interval_s": 0.5, **FAST_TELEMETRY}
+    e2e: E2E = await open_stack(domains=1, settings=settings)
+    job = await e2e.submit({"name": "slow-ckpt", "tenant": "a", "gpus": 4, "checkpointable": True, "duration_s": 60})
+    first = await e2e.wait_state(job, {"running"})
+    hit = nodes_of(first)[0]
+    inject(e2e, Fault(node=hit, gpu=0, xid=79))
+
+    again = await e2e.wait_state(job, {"running"}, check=lambda v: v["attempt"] >= 2)
+    assert hit not in nodes_of(again), again
+    states = [(e.state, e.attempt, e.reason) for e in await events_of(e2e, job)]
+    assert any(s is JobState.MIGRATING and a == 1 for s, a, _ in states), states
+    assert any(s is JobState.PENDING and a == 2 and "move aborted" in r for s, a, r in states), states
+
+    async def rolled_back() -> list[Any] | None:
+        recs = [e.record for e in await migration_events(e2e) if e.record.state == "rolled_back"]
+        return recs or None
+
+    (rec,) = await wait_until(rolled_back, "the move's record rolled back")
+    assert rec.job_id == job and "checkpoint not acknowledged" in rec.error and "abort" in rec.steps, rec
+    assert not service_errors(caplog.records)
