@@ -98,6 +98,11 @@ class TopologyView:
         self.store = store
         self._cache: tuple[int, Any] | None = None
 
+    @property
+    def generation(self) -> int:
+        """`topo:gen` of the view the last `get` returned (-1 before any)."""
+        return self._cache[0] if self._cache is not None else -1
+
     async def get(self) -> tuple[Any, Any] | None:
         """(Topology, Health), or None until a node registers."""
         gen = await self.store.topology_generation()

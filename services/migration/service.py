@@ -84,6 +84,8 @@ class MigrationService(Service):
         self.instance = uuid.uuid4().hex[:12]
         self.spent: deque[tuple[float, float]] = deque()  # (started at, GPU-seconds) of moves in the last hour
         self.last_defrag = float("-inf")
+        self.last_evac = float("-inf")
+        self.evac_gen = -1  # topology generation of the last evacuation pass
         self.leading = False  # holds the lease: the only replica that plans and writes records
         assert deps.metrics is not None
         registry = deps.metrics.registry
@@ -176,6 +178,7 @@ class MigrationService(Service):
         await self.bus.publish(self.names.job_move, order, msg_id=f"move:{rec.id}")
 
     async def _finish(self, rec: MigrationRecord, state: str, at: float, error: str = "") -> None:
+        self.last_evac = float("-inf")  # room may have changed: look at the bad GPUs again
         rec.state = state  # type: ignore[assignment]
         rec.steps = {**rec.steps, state: at}
         if error:
@@ -192,8 +195,8 @@ class MigrationService(Service):
     async def on_event(self, ev: Any, headers: Mapping[str, str]) -> None:
         if isinstance(ev, JobEvent):
             await self.on_job_event(ev)
-        elif isinstance(ev, NodeChanged) and (ev.changed_gpus or ev.state == "up"):
-            self.kick.set()  # GPU health changed (or a node came back: room to defragment): plan now
+        elif isinstance(ev, NodeChanged) and ev.changed_gpus:
+            self.kick.set()  # GPU health changed: evacuate now (the topology generation moved with it)
 
     async def on_job_event(self, ev: JobEvent) -> None:
         """Advance the job's move by the queue's transitions (idempotent: a step is recorded once). Only the
@@ -260,19 +263,34 @@ class MigrationService(Service):
         return False
 
     async def run_once(self) -> None:
+        """Reconcile the moves under way; evacuate when GPU health changed (or on the period while GPUs stay
+        bad); defragment on the period. Reads only what the round needs: in `rackscale up` this shares the
+        event loop with the queue."""
         now = self.now()
+        s = self.deps.settings
+        known = await self.topology.get()
+        bad = known is not None and bool(known[1].gpus)  # health lists only GPUs that aren't ok
+        gen = self.topology.generation
+        evac = bad and (gen != self.evac_gen or now - self.last_evac >= s.migration_interval_s)
+        defrag = known is not None and s.defrag == "on" and now - self.last_defrag >= s.migration_interval_s
+        if not (self.active() or evac or defrag):
+            return
         jobs = {r.id: r for r in await self.store.active_jobs()}
         await self.reconcile(jobs, now)
-        known = await self.topology.get()
         if known is None:
+            return
+        if defrag:
+            self.last_defrag = now
+            defrag = any(j.state is JobState.PENDING and j.inflight_since is None for j in jobs.values())
+        if not (evac or defrag):
             return
         topo, health = known
         allocations = await self.store.allocations()
         busy = {r.job_id for r in self.active()}
-        await self.evacuate(topo, health, allocations, jobs, busy, now)
-        s = self.deps.settings
-        if s.defrag == "on" and now - self.last_defrag >= s.migration_interval_s:
-            self.last_defrag = now
+        if evac:
+            self.evac_gen, self.last_evac = gen, now
+            await self.evacuate(topo, health, allocations, jobs, busy, now)
+        if defrag:
             await self.defragment(topo, health, allocations, jobs, busy, now)
 
     async def reconcile(self, jobs: Mapping[str, JobRecord], now: float) -> None:
