@@ -145,6 +145,7 @@ async def test_metrics_match_the_api_after_a_workload(system: tuple[E2E, dict[st
     assert value(per["queue"], "rackscale_queue_wait_seconds_count") >= len(started)
     assert value(per["agent"], "rackscale_span_seconds_count", span="agent.start_rank") == ranks
     assert value(per["gateway"], "rackscale_span_seconds_count", span="gateway.submit") == len(jobs)
+    assert ("rackscale_migrations_in_flight", ()) in per["migration"], "the migration service counts its moves"
     assert "rackscale_gpus" in {n for n, _ in per["gateway"]}, "the gateway's ops port serves the cluster too"
     assert "rackscale_gpus" not in {n for n, _ in per["queue"]}, "only the gateway exports cluster figures"
 
