@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -70,6 +70,22 @@ class ServiceMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class MigrationMetrics:
+    """The migration service's figures, in its service's registry: moves started and ended, in flight, and
+    the GPU-seconds they pause (the planner's estimate)."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        r = metrics.registry
+        self.started = Counter("rackscale_migrations", "Moves and evacuation requeues started", ["kind"], registry=r)
+        self.ended = Counter(
+            "rackscale_migrations_ended", "Moves that reached a final state", ["kind", "state"], registry=r
+        )
+        self.in_flight = Gauge("rackscale_migrations_in_flight", "Moves under way", registry=r)
+        self.gpu_seconds = Counter(
+            "rackscale_migration_gpu_seconds", "Estimated GPU-seconds paused by the moves started", registry=r
+        )
 
 
 class _SpanMetrics(SpanProcessor):

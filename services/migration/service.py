@@ -40,11 +40,11 @@ from typing import Any
 import msgspec
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from prometheus_client import Counter, Gauge
 
 from shared.core import ClusterState, Health, JobSpec, get_policy
 from shared.core.migration import MigrationBudget, Movable, Move, plan_defrag, plan_evacuation
 from shared.core.topology import GpuState, NodeState
+from shared.metrics import MigrationMetrics
 from shared.runtime import Deps, Service
 from shared.schemas import (
     EVENTS,
@@ -88,17 +88,7 @@ class MigrationService(Service):
         self.evac_gen = -1  # topology generation of the last evacuation pass
         self.leading = False  # holds the lease: the only replica that plans and writes records
         assert deps.metrics is not None
-        registry = deps.metrics.registry
-        self.started = Counter(
-            "rackscale_migrations", "Moves and evacuation requeues started", ["kind"], registry=registry
-        )
-        self.ended = Counter(
-            "rackscale_migrations_ended", "Moves that reached a final state", ["kind", "state"], registry=registry
-        )
-        self.active_gauge = Gauge("rackscale_migrations_in_flight", "Moves under way", registry=registry)
-        self.moving_gpu_s = Counter(
-            "rackscale_migration_gpu_seconds", "Estimated GPU-seconds paused by moves started", registry=registry
-        )
+        self.metrics = MigrationMetrics(deps.metrics)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -122,7 +112,7 @@ class MigrationService(Service):
         for rec in active:
             if rec.state == "requested":
                 await self._send(rec)  # the queue dedupes it by msg id and ignores it once the job moved on
-        self.active_gauge.set(len(active))
+        self.metrics.in_flight.set(len(active))
         self.kick.set()
 
     async def read_records(self) -> list[MigrationRecord]:
@@ -164,7 +154,7 @@ class MigrationService(Service):
             await self.bus.publish(
                 n.migration_events, MigrationEvent(record=rec, at=now), msg_id=f"migration:{rec.id}:{step}"
             )
-        self.active_gauge.set(sum(r.state not in FINAL for r in self.records.values()))
+        self.metrics.in_flight.set(sum(r.state not in FINAL for r in self.records.values()))
 
     async def _send(self, rec: MigrationRecord) -> None:
         order = MoveOrder(
@@ -184,7 +174,7 @@ class MigrationService(Service):
         if error:
             rec.error = error
         await self.save(rec, state)
-        self.ended.labels(rec.kind, state).inc()
+        self.metrics.ended.labels(rec.kind, state).inc()
         log.info("move %s of job %s: %s%s", rec.id, rec.job_id, state, f" ({error})" if error else "")
         self.kick.set()  # room for the next move
 
@@ -436,8 +426,8 @@ class MigrationService(Service):
         await self.save(rec, "requested")
         await self._send(rec)
         self.spent.append((now, cost))
-        self.started.labels(kind).inc()
-        self.moving_gpu_s.inc(cost)
+        self.metrics.started.labels(kind).inc()
+        self.metrics.gpu_seconds.inc(cost)
         where = ", ".join(f"{ng.node}:{','.join(map(str, ng.gpus))}" for ng in target) or "requeue"
         log.info("move %s: job %s attempt %d → %s (%s)", rec.id, job.id, job.attempt, where, why)
         return rec
