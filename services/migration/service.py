@@ -168,6 +168,8 @@ class MigrationService(Service):
         await self.bus.publish(self.names.job_move, order, msg_id=f"move:{rec.id}")
 
     async def _finish(self, rec: MigrationRecord, state: str, at: float, error: str = "") -> None:
+        if rec.state in FINAL:
+            return  # an event and the loop's reconciliation may both see the end
         self.last_evac = float("-inf")  # room may have changed: look at the bad GPUs again
         rec.state = state  # type: ignore[assignment]
         rec.steps = {**rec.steps, state: at}
