@@ -372,6 +372,10 @@ class MigrationService(Service):
         in_flight = len(self.active())
         if not pending or in_flight >= s.max_migrations:
             return
+        if any(r.kind == "defrag" for r in self.active()):
+            # one plan at a time: the state still shows the moving jobs on their old GPUs, so planning now
+            # would free room the moves under way are about to free anyway (a staged plan goes on next round)
+            return
         state = ClusterState(topo, health)
         held = occupy_held(state, allocations, jobs, now)
         for j in jobs.values():  # orders on their way hold their GPUs, as in the queue's cycle
