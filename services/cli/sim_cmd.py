@@ -102,6 +102,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--migration-interval", type=float, default=300.0, help="simulated seconds between defragmentation plans"
     )
     p.add_argument("--max-moves", type=int, default=4, help="moves in flight at once (migration budget)")
+    p.add_argument(
+        "--consolidate-early",
+        choices=("on", "off"),
+        default="off",
+        help="defragment also while the free total is short of the blocked job (empty whole domains ahead)",
+    )
+    p.add_argument(
+        "--move-segments",
+        choices=("on", "off"),
+        default="off",
+        help="defragmentation may move a multi-domain job's whole segments out of a domain (the rest stay)",
+    )
     p.add_argument("--mtbf-days", type=float, default=60.0, help="mean time between failures per node")
     p.add_argument("--repair-hours", type=float, default=24.0, help="mean repair time")
     p.add_argument(
@@ -213,7 +225,9 @@ def build_experiment(args: argparse.Namespace) -> Any:
         queue_depth=args.queue_depth or None,
         migration=args.migration == "on",
         migration_interval_s=args.migration_interval,
-        migration_budget=MigrationBudget(max_moves=args.max_moves),
+        migration_budget=MigrationBudget(
+            max_moves=args.max_moves, early=args.consolidate_early == "on", segments=args.move_segments == "on"
+        ),
     )
     seeds = args.seeds or (args.seed,)
     return Experiment(traces, policies, seeds, args.load, sim, mapping, max(1, args.workers))

@@ -57,6 +57,12 @@ class MigrationBudget:
     spent_gpu_s: float = 0.0  # GPU-seconds of moving started in the last hour
     min_gain_ratio: float = 1.0  # a plan needs gain > ratio x cost
     max_candidates: int = 4  # pending jobs tried per call, in the order given
+    # also plan while the free total is still short of the job: empty whole domains now, so the job starts
+    # as soon as enough nodes are free anywhere instead of when its domains drain (staged evacuation)
+    early: bool = False
+    # a segmented job spanning domains may have its whole segments in the domain being emptied moved
+    # (each segment still inside one domain; the whole job pauses); off: multi-domain jobs never move
+    segments: bool = False
 
     @property
     def moves_left(self) -> int:
@@ -301,7 +307,7 @@ def plan_defrag(
             req = request(job, topo)
         except ShapeError:
             continue
-        if not _defraggable(state, req):
+        if not _defraggable(state, req, budget.early):
             continue
         tried += 1
         ctx = Context(now=now, job_end=now + _runtime(job, default_runtime_s), demand=frozenset({req.slices[0][1]}))
@@ -317,24 +323,31 @@ def _runtime(job: JobSpec, default: float) -> float:
     return job.expected_runtime_s if job.expected_runtime_s is not None else default
 
 
-def _defraggable(state: ClusterState, req: Request) -> bool:
+def _defraggable(state: ClusterState, req: Request, early: bool = False) -> bool:
     if req.need is Need.NONE or len(req.slices) != 1:
         return False
     level, size = req.slices[0]
     if level != state.topo.domain or size < 2:
         return False
-    return state.count[0][0][req.k] >= req.nodes
+    return early or state.count[0][0][req.k] >= req.nodes
 
 
 def natural_wait(state: ClusterState, req: Request, now: float) -> float:
     """Estimated wait without moves: when running jobs' expected ends free enough pieces of the job's run
     size, domain by domain (a node is free once every job on it has ended; a job past its expected end is
     guessed to run `OVERDUE_SHARE` of its elapsed time more). INF when nothing ends."""
+    return _waits(state, req, now)[0]
+
+
+def _waits(state: ClusterState, req: Request, now: float) -> tuple[float, float]:
+    """(natural wait, wait until enough fitting nodes are free anywhere): the wait a plan can at best
+    shorten to the second when it consolidates free nodes as they come."""
     topo = state.topo
     level, size = req.slices[0]
     pieces = req.nodes // size
     k, excl = req.k, req.exclusive
     times: list[float] = []
+    every: list[float] = []
     for group_nodes in topo.group_nodes[level]:
         free_at: list[float] = []
         for n in group_nodes:
@@ -345,12 +358,14 @@ def natural_wait(state: ClusterState, req: Request, now: float) -> float:
                 continue
             free_at.append(max((_expected_end(state.allocs[j], now) for j in state.node_jobs[n]), default=now))
         free_at.sort()
+        every += free_at
         for p in range(1, len(free_at) // size + 1):
             times.append(free_at[p * size - 1])
     if len(times) < pieces:
-        return INF
+        return INF, INF
     times.sort()
-    return max(0.0, times[pieces - 1] - now)
+    every.sort()
+    return max(0.0, times[pieces - 1] - now), max(0.0, every[req.nodes - 1] - now)
 
 
 OVERDUE_SHARE = 0.25  # a job past its expected end is guessed to need this share of its elapsed time more
@@ -383,7 +398,8 @@ def _plan_for(
     level, size = req.slices[0]
     pieces = req.nodes // size
     k = req.k
-    gain = req.gpus * natural_wait(state, req, now)
+    natural, anywhere = _waits(state, req, now)
+    gain = req.gpus * (natural - anywhere if natural < INF else natural)
     if gain <= 0:
         return None
     row = state.count[level]
@@ -402,8 +418,10 @@ def _plan_for(
     total_cost = 0.0
     try:
         while have < pieces:
-            step = _cheapest_step(state, stmt, req, movable, policy, now, set(hosts), moved, ctx)
+            step = _cheapest_step(state, stmt, req, movable, policy, now, set(hosts), moved, ctx, budget.segments)
             if step is None:
+                if budget.early and steps:
+                    break  # staged: these domains now, the rest as nodes free up
                 return None
             steps.append(step[0])
             moves.extend(step[1])
@@ -413,8 +431,8 @@ def _plan_for(
             have = sum(row[g][k] // size for g in hosts)
             if total_cost * budget.min_gain_ratio >= gain:
                 return None
-        final = policy.place(state, req, ctx)
-        if final is None:
+        fits = have >= pieces and policy.place(state, req, ctx) is not None
+        if not fits and not (budget.early and have < pieces):
             return None
     finally:
         stmt.discard()
@@ -435,10 +453,12 @@ def _plan_for(
         i += n
     if not kept:
         return None
-    complete = done_steps == len(steps)
+    complete = fits and done_steps == len(steps)
     names = topo.group_names[level]
     emptied = ", ".join(names[st.group] for st in steps[:done_steps])
-    later = "" if complete else f"; later: {', '.join(names[st.group] for st in steps[done_steps:])}"
+    later = (
+        "" if complete else f"; later: {', '.join(names[st.group] for st in steps[done_steps:]) or 'as nodes free up'}"
+    )
     why = (
         f"job {req.job.id} ({req.nodes} nodes in runs of {size}) fits the free total but no layout; "
         f"{len(kept)} move(s) free room in {emptied}{later}; gain {gain / 3600:.1f} GPU-h waiting vs "
@@ -457,6 +477,7 @@ def _cheapest_step(
     protected: set[int],
     moved: set[str],
     ctx: Context,
+    segments: bool = False,
 ) -> tuple[_Step, list[Move]] | None:
     """Empty one more piece in the domain cheapest to empty; applied to the statement when found."""
     topo = state.topo
@@ -471,7 +492,7 @@ def _cheapest_step(
         usable = sum(1 for n in topo.group_nodes[level][g] if state.usable[n])
         if target > usable:
             continue
-        victims = _victims(state, req, g, target - cap, movable, moved)
+        victims = _victims(state, req, g, target - cap, movable, moved, segments)
         if victims is None:
             continue
         cost = sum(movable[j].cost_gpu_s(state.allocs[j].gpus) for j in victims)
@@ -487,13 +508,20 @@ def _cheapest_step(
 
 
 def _victims(
-    state: ClusterState, req: Request, group: int, deficit: int, movable: Mapping[str, Movable], moved: set[str]
+    state: ClusterState,
+    req: Request,
+    group: int,
+    deficit: int,
+    movable: Mapping[str, Movable],
+    moved: set[str],
+    segments: bool = False,
 ) -> list[str] | None:
     """Fewest movable jobs of one domain whose leaving makes `deficit` more of its nodes fit the job.
 
     Greedy over nodes: a node that can be made to fit costs the movable jobs on it not chosen yet; the
     option that alone covers what is left with fewest new jobs wins, otherwise the most nodes per new job.
-    Jobs with a rank outside the domain, and jobs not movable, are never chosen.
+    Jobs not movable are never chosen; a job with ranks outside the domain only when its part here is whole
+    segments (`segment_part`), and with `segments` off never.
     """
     topo = state.topo
     dom_of = topo.node_group[topo.domain]
@@ -503,7 +531,11 @@ def _victims(
 
     def can_move(j: str) -> bool:
         a = allocs[j]
-        return not a.hold and j in movable and j not in moved and all(dom_of[n] == group for n in a.nodes)
+        if a.hold or j not in movable or j in moved:
+            return False
+        if all(dom_of[n] == group for n in a.nodes):
+            return True
+        return segments and segment_part(a, movable[j].spec, group, dom_of) is not None
 
     nodes = [n for n in topo.group_nodes[level][group] if state.usable[n] and not state.node_fits(n, k, excl)]
     # per node: the jobs that must leave for it to fit (all of them for whole nodes), or None
@@ -549,6 +581,23 @@ def _victims(
     return sorted(chosen_jobs, key=lambda j: (-allocs[j].gpus, j))
 
 
+def segment_part(alloc: Allocation, spec: JobSpec, group: int, dom_of: Sequence[int]) -> tuple[int, ...] | None:
+    """Positions of the job's ranks in domain `group` when they are whole segments (the allocation's
+    nodes in order, `spec.segment` at a time, each chunk one segment); None when a segment straddles the
+    domain's edge or the job has no segments."""
+    seg = spec.segment
+    if not seg or len(alloc.nodes) % seg:
+        return None
+    out: list[int] = []
+    for i in range(0, len(alloc.nodes), seg):
+        inside = [dom_of[n] == group for n in alloc.nodes[i : i + seg]]
+        if all(inside):
+            out += range(i, i + seg)
+        elif any(inside):
+            return None
+    return tuple(out) if out else None
+
+
 def _move_out(
     state: ClusterState,
     stmt: Statement,
@@ -570,22 +619,28 @@ def _move_out(
     moves: list[Move] = []
     placed: list[Allocation] = []
     ok = True
+    dom_of = topo.node_group[dom]
     for src in srcs:
         mv = movable[src.job_id]
-        try:
-            vreq = request(mv.spec, topo)
-        except ShapeError:
-            ok = False
-            break
         vctx = Context(now=now, job_end=src.expected_end, demand=ctx.demand)
-        placement = policy.place(state, vreq, vctx)
+        where = topo.group_names[dom][step.group]
+        if all(dom_of[n] == step.group for n in src.nodes):
+            try:
+                vreq = request(mv.spec, topo)
+            except ShapeError:
+                ok = False
+                break
+            placement = policy.place(state, vreq, vctx)
+            reason = f"moved out of {where} to make room for job {ctx_job}"
+        else:
+            placement = _move_segments(state, stmt, src, mv.spec, step.group, policy, vctx)
+            reason = f"its segments in {where} moved out to make room for job {ctx_job} (the rest stay)"
         if placement is None:
             ok = False
             break
         dst = replace(src, nodes=placement.nodes, masks=placement.masks, gpus=0)
         stmt.allocate(dst)
         placed.append(dst)
-        reason = f"moved out of {topo.group_names[dom][step.group]} to make room for job {ctx_job}"
         moves.append(Move(src.job_id, src, placement, reason, mv.cost_gpu_s(src.gpus)))
     if not ok:
         return None
@@ -593,3 +648,51 @@ def _move_out(
     for n in off:
         stmt.set_usable(n, True)
     return moves
+
+
+def _move_segments(
+    state: ClusterState,
+    stmt: Statement,
+    src: Allocation,
+    spec: JobSpec,
+    group: int,
+    policy: Policy,
+    ctx: Context,
+) -> Placement | None:
+    """New places for the job's whole segments in `group` (each one segment-sized run, each inside one
+    domain, as the policy places a job of that size); the ranks elsewhere keep their GPUs. The job itself
+    is released in the statement; its other ranks are held meanwhile so nothing lands on them."""
+    topo = state.topo
+    part = segment_part(src, spec, group, topo.node_group[topo.domain])
+    seg = spec.segment
+    if part is None or not seg:
+        return None
+    inside = set(part)
+    nodes, masks = list(src.nodes), list(src.masks)
+    keep = [i for i in range(len(nodes)) if i not in inside]
+    cp = stmt.checkpoint()
+    tmp: list[str] = []
+    if keep:
+        kid = f"{src.job_id}#keep"
+        stmt.allocate(Allocation(kid, tuple(nodes[i] for i in keep), tuple(masks[i] for i in keep), hold=True))
+        tmp.append(kid)
+    per_node = max(m.bit_count() for m in src.masks)
+    for c, start in enumerate(range(0, len(part), seg)):
+        pos = part[start : start + seg]
+        chunk = JobSpec(f"{src.job_id}#seg{c}", seg * per_node, gpus_per_node=per_node, exclusive=spec.exclusive)
+        try:
+            creq = request(chunk, topo)
+        except ShapeError:
+            stmt.rollback(cp)
+            return None
+        placement = policy.place(state, creq, ctx)
+        if placement is None:
+            stmt.rollback(cp)
+            return None
+        stmt.allocate(Allocation(chunk.id, placement.nodes, placement.masks, hold=True))
+        tmp.append(chunk.id)
+        for i, n, m in zip(pos, placement.nodes, placement.masks, strict=True):
+            nodes[i], masks[i] = n, m
+    for t in reversed(tmp):
+        stmt.release(t)
+    return Placement(tuple(nodes), tuple(masks))

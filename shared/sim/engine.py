@@ -254,6 +254,7 @@ class Simulator:
         self.moving: list[tuple[float, str]] = []  # (pause end, job id)
         self.move_spend: list[tuple[float, float]] = []  # (time, GPU-s) of moves started
         self.next_defrag = -math.inf
+        self.blocked: list[str] = []  # jobs the last cycle left waiting, in its order
         self.waiting_for: dict[str, float] = {}  # beneficiary -> plan time
 
     # -- event plumbing -----------------------------------------------------------------------------------
@@ -396,6 +397,9 @@ class Simulator:
                 self._push(tick_at, TICK, 0)
             elif dirty and self.pending:
                 dirty = False
+                if self.mig is not None and t >= self.next_defrag and self.blocked:
+                    # before the cycle, so nodes that just came free are consolidated before backfill takes them
+                    self._defrag(self.blocked, t)
                 t0 = timer() if timer else 0.0
                 result = self.sched.cycle(state, self.pending.heads(cfg.queue_depth), t)
                 if timer:
@@ -438,6 +442,7 @@ class Simulator:
                         break
                 if self.mig is not None:
                     self._note_started(decisions, t)
+                    self.blocked = [j for j in result.order if j in self.pending]
                     if head is not None and t >= self.next_defrag and self._defrag(result.order, t):
                         dirty = True
                         self._push(t, TICK, 0)  # the beneficiary is decided at this same instant

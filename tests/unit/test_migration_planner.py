@@ -265,3 +265,27 @@ def test_degraded_gpu_moves_only_when_there_is_room() -> None:
     f.run("g", 0, range(0, 18))
     ev = plan_evacuation(f.state, {}, f.movable(), POLICY, 0.0, degraded={5: 0b0001})
     assert ev.moves == () and ev.requeue == ()  # keeps running on the degraded GPU
+
+
+def segmented_spanning_fleet() -> Fleet:
+    """d02 has 14 free nodes and one 4-node segment of job `seg`, whose other segment is in d03; d01 has a
+    6-node hole; everything else holds jobs that can't checkpoint."""
+    f = Fleet(4)
+    f.run("x0", 0, range(0, 18), ckpt=False)
+    f.run("x1", 1, range(0, 12), ckpt=False)
+    f.run("seg", 2, range(0, 4), segment=4, spread=[(3, range(0, 4))])
+    f.run("x3", 3, range(4, 18), ckpt=False)
+    return f
+
+
+def test_defrag_moves_whole_segments_of_a_spanning_job_when_allowed() -> None:
+    f = segmented_spanning_fleet()
+    assert plan_defrag(f.state, [BIG], f.movable(), POLICY, MigrationBudget(), 0.0) is None
+    plan = plan_defrag(f.state, [BIG], f.movable(), POLICY, MigrationBudget(segments=True), 0.0)
+    assert plan is not None and plan.complete
+    (m,) = plan.moves
+    # the d02 segment goes to d01's hole; the d03 segment keeps its GPUs; the whole job pays the pause
+    assert f.names(m.dst.nodes) == ["d01-n12", "d01-n13", "d01-n14", "d01-n15"] + [f"d03-n{i:02d}" for i in range(4)]
+    assert m.cost_gpu_s == pytest.approx(32 * 120.0)
+    assert "the rest stay" in m.reason
+    f.state.check()
