@@ -260,6 +260,9 @@ class StopRank(msgspec.Struct, tag="agent.stop", kw_only=True, frozen=True):
     # stop only ranks of this attempt or older (0: every attempt): a late stop must never hit a newer attempt
     # of the job started on the same node (a move that keeps some nodes)
     attempt: int = 0
+    # a move's checkpoint: the GPUs stay held until the rank's exit acknowledges it (RankExited.checkpointed);
+    # the sim agent takes RACKSCALE_CHECKPOINT_S. A preemption's checkpoint stop (GPUs already freed) is instant.
+    ack: bool = False
 
 
 AgentCommand = StartRank | StopRank

@@ -279,10 +279,10 @@ class AgentService(Service):
         for run in runs:
             if run.stop_reason is None:
                 run.stop_reason = cmd.reason + (" (checkpoint)" if cmd.checkpoint else "")
-                run.checkpointed = cmd.checkpoint
-            # a simulated rank takes `checkpoint_s` to write its checkpoint; a real one gets SIGTERM and
-            # checkpoints within the stop grace
-            delay = self.deps.settings.checkpoint_s if cmd.checkpoint and self.backend.simulated else 0.0
+                run.checkpointed = cmd.checkpoint and cmd.ack
+            # a move's simulated rank takes `checkpoint_s` to write its checkpoint (its GPUs are still held); a
+            # real one gets SIGTERM and checkpoints within the stop grace
+            delay = self.deps.settings.checkpoint_s if cmd.ack and self.backend.simulated else 0.0
             task = asyncio.create_task(self._stop_run(run, delay), name=f"agent:{self.node}:stop:{cmd.job_id}")
             self._stoppers.add(task)
             task.add_done_callback(self._stoppers.discard)

@@ -115,7 +115,7 @@ class PlacementService(Service):
         key = f"{order.job_id}:{order.attempt}"
         for ng in held.nodes:
             stop = StopRank(
-                job_id=order.job_id, node=ng.node, reason=order.reason, checkpoint=True, attempt=order.attempt
+                job_id=order.job_id, node=ng.node, reason=order.reason, checkpoint=True, attempt=order.attempt, ack=True
             )
             await self.bus.publish(
                 self.names.agent_cmd(ng.node), stop, msg_id=f"{key}:checkpoint:{ng.node}", headers=headers

@@ -224,7 +224,7 @@ async def test_checkpoint_stop_is_acknowledged_and_a_stop_spares_newer_attempts(
     agent = await h.agent(SimBackend(NODE, "d00"))
     await command(h, start([], job="job-m", attempt=1, duration_s=3600))
     started = await wait_started(h, "job-m")
-    await command(h, StopRank(job_id="job-m", node=NODE, reason="migrating", checkpoint=True, attempt=1))
+    await command(h, StopRank(job_id="job-m", node=NODE, reason="migrating", checkpoint=True, attempt=1, ack=True))
     _, exited = await wait_exit(h, "job-m")
     assert isinstance(exited, RankExited) and exited.checkpointed and not exited.lost, exited
     assert exited.ran_s >= agent.deps.settings.checkpoint_s, exited  # the checkpoint took its time
