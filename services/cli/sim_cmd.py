@@ -101,11 +101,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--migration-interval", type=float, default=300.0, help="simulated seconds between defragmentation plans"
     )
-    p.add_argument("--max-moves", type=int, default=4, help="moves in flight at once (migration budget)")
+    p.add_argument("--max-moves", type=int, default=16, help="moves in flight at once (migration budget)")
     p.add_argument(
         "--consolidate-early",
         choices=("on", "off"),
-        default="off",
+        default="on",
         help="defragment also while the free total is short of the blocked job (empty whole domains ahead)",
     )
     p.add_argument(

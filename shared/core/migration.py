@@ -581,6 +581,9 @@ def _victims(
     return sorted(chosen_jobs, key=lambda j: (-allocs[j].gpus, j))
 
 
+KEEP = "#keep"  # suffix of the what-if hold on the ranks of a partly moved job that stay
+
+
 def segment_part(alloc: Allocation, spec: JobSpec, group: int, dom_of: Sequence[int]) -> tuple[int, ...] | None:
     """Positions of the job's ranks in domain `group` when they are whole segments (the allocation's
     nodes in order, `spec.segment` at a time, each chunk one segment); None when a segment straddles the
@@ -613,13 +616,19 @@ def _move_out(
     topo = state.topo
     dom = topo.domain
     srcs = [stmt.release(j) for j in step.victims]
+    dom_of = topo.node_group[dom]
+    # ranks of partly moved jobs that stay where they are stay held, so no other victim lands on them
+    for src in srcs:
+        keep = [i for i, n in enumerate(src.nodes) if dom_of[n] != step.group]
+        if keep:
+            nodes, masks = tuple(src.nodes[i] for i in keep), tuple(src.masks[i] for i in keep)
+            stmt.allocate(Allocation(src.job_id + KEEP, nodes, masks, hold=True))
     off = [n for g in sorted(set(protected)) for n in topo.group_nodes[dom][g] if state.usable[n]]
     for n in off:
         stmt.set_usable(n, False)
     moves: list[Move] = []
     placed: list[Allocation] = []
     ok = True
-    dom_of = topo.node_group[dom]
     for src in srcs:
         mv = movable[src.job_id]
         vctx = Context(now=now, job_end=src.expected_end, demand=ctx.demand)
@@ -639,6 +648,8 @@ def _move_out(
             ok = False
             break
         dst = replace(src, nodes=placement.nodes, masks=placement.masks, gpus=0)
+        if src.job_id + KEEP in state.allocs:
+            stmt.release(src.job_id + KEEP)
         stmt.allocate(dst)
         placed.append(dst)
         moves.append(Move(src.job_id, src, placement, reason, mv.cost_gpu_s(src.gpus)))
@@ -661,21 +672,15 @@ def _move_segments(
 ) -> Placement | None:
     """New places for the job's whole segments in `group` (each one segment-sized run, each inside one
     domain, as the policy places a job of that size); the ranks elsewhere keep their GPUs. The job itself
-    is released in the statement; its other ranks are held meanwhile so nothing lands on them."""
+    is released in the statement; the caller holds its other ranks meanwhile so nothing lands on them."""
     topo = state.topo
     part = segment_part(src, spec, group, topo.node_group[topo.domain])
     seg = spec.segment
     if part is None or not seg:
         return None
-    inside = set(part)
     nodes, masks = list(src.nodes), list(src.masks)
-    keep = [i for i in range(len(nodes)) if i not in inside]
     cp = stmt.checkpoint()
     tmp: list[str] = []
-    if keep:
-        kid = f"{src.job_id}#keep"
-        stmt.allocate(Allocation(kid, tuple(nodes[i] for i in keep), tuple(masks[i] for i in keep), hold=True))
-        tmp.append(kid)
     per_node = max(m.bit_count() for m in src.masks)
     for c, start in enumerate(range(0, len(part), seg)):
         pos = part[start : start + seg]

@@ -70,3 +70,22 @@ def test_non_checkpointable_job_on_a_failed_node_is_requeued() -> None:
     m = compute(res)
     assert m["evac_moves"] == 0 and m["evac_requeued"] == 1 and m["failure_kills"] == 1
     assert schedule(res)["b"][0] == (0, 20, (4, 5, 6), "killed")
+
+
+def test_cli_migration_on_reports_the_moves(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    from pathlib import Path
+
+    from services.cli import sim_cmd
+
+    fixture = Path(__file__).parent / "sim_fixtures" / "migration.csv"
+    base = ["--trace", str(fixture), "--domains", "2", "--nodes-per-domain", "4", "--policy", "rackscale"]
+    base += ["--cycle-interval", "0", "--exact-estimates", "--quiet", "--no-plots"]
+    assert sim_cmd.main([*base, "--out", str(tmp_path / "on"), "--migration", "on"]) == 0
+    assert sim_cmd.main([*base, "--out", str(tmp_path / "off")]) == 0
+    on = json.loads((tmp_path / "on" / "report.json").read_text())
+    off = json.loads((tmp_path / "off" / "report.json").read_text())
+    assert on["parameters"]["migration"] is True and "migration" not in off["parameters"]
+    assert on["policies"]["rackscale"]["defrag_moves"] == 1 and off["policies"]["rackscale"]["migrations"] == 0
+    md = (tmp_path / "on" / "report.md").read_text()
+    assert "Migration: on" in md and "| moves per day |" in md and "| GPU-h paused by moves |" in md
