@@ -2,7 +2,7 @@
 """Simulator speed: replay the whole Philly trace (82k jobs) on 278 NVL72 domains, per policy.
 
     python bench/sim_bench.py [--traces DIR] [--domains 278] [--policies flat,tree,block,rackscale]
-                              [--load X] [--limit N] [--cycle-interval S] [--profile POLICY]
+                              [--load X] [--limit N] [--cycle-interval S] [--profile POLICY] [--migration]
 
 Default: the trace's own submit times ("replaying the trace as recorded"), failures on (seed 1), a
 cycle at every event time (no tick batching), every pending job handed to each cycle. One JSON line per
@@ -29,6 +29,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable without an install
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from shared.core import MigrationBudget
 from shared.sim.engine import SimConfig, simulate
 from shared.sim.fleet import FailureModel, FleetConfig
 from shared.sim.mapping import MappingConfig, map_jobs, scale_to_load
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queue-depth", type=int, default=0, help="0: every pending job each cycle")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", default=None, help="cProfile this policy's run")
+    ap.add_argument("--migration", action="store_true", help="with the migration planner (sim --migration on)")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     worst = 0.0
     for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
         cfg = SimConfig(policy=policy, seed=args.seed, fleet=fleet, failures=FailureModel(),
-                        cycle_interval_s=args.cycle_interval, queue_depth=args.queue_depth or None)
+                        cycle_interval_s=args.cycle_interval, queue_depth=args.queue_depth or None,
+                        migration=args.migration, migration_budget=MigrationBudget(max_moves=16, early=True))
         prof = cProfile.Profile() if policy == args.profile else None
         t0 = time.perf_counter()
         if prof:
@@ -87,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             "events_per_s": round(res.events / wall), "batches": res.batches, "cycles": res.cycles,
             "cycle_s": round(res.cycle_time_s, 1), "sim_s": round(wall - res.cycle_time_s, 1),
             "finished": sum(1 for r in res.jobs if r.end is not None), "jobs": len(res.jobs),
+            **({"plan_s": round(res.migration.plan_time_s, 1), "plan_calls": res.migration.plan_calls,
+                "moves": res.migration.defrag_moves + res.migration.evac_moves} if res.migration else {}),
         }), flush=True)
         if prof:
             buf = io.StringIO()
