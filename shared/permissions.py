@@ -108,7 +108,7 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
         "inventory": [n.agent_register, n.agent_heartbeat, n.telemetry_all, n.node_admin],
         "queue": [n.cycle_kick],
         "placement": [],
-        "migration": [],
+        "migration": [n.telemetry_all],  # heat per domain, for rebalancing
         "agent": [],
     }
     out: dict[str, Permissions] = {}

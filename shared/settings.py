@@ -223,6 +223,20 @@ class Settings:
         kind="number > 0",
     )
     defrag: str = _env("RACKSCALE_DEFRAG", _choice("on", "off"), "on", "migration: defragmentation by moves")
+    rebalance_spread_c: float = _env(
+        "RACKSCALE_REBALANCE_SPREAD_C",
+        _number,
+        8.0,
+        "migration: a domain this much hotter than others at the same load sheds jobs (C; a large value: off)",
+        kind="number > 0",
+    )
+    rebalance_hold_s: float = _env(
+        "RACKSCALE_REBALANCE_HOLD_S",
+        _number,
+        60.0,
+        "migration: how long the heat spread must last before a rebalancing move (s)",
+        kind="number > 0",
+    )
     metrics_port: int = _env(
         "RACKSCALE_METRICS_PORT", _port, 0, "port of a service's /metrics and /healthz (0: none)", kind="0-65535"
     )

@@ -14,6 +14,10 @@ It decides; the queue (which owns job records) carries a move out; placement and
 - **Defragmentation** every `RACKSCALE_MIGRATION_INTERVAL_S`: `plan_defrag` on the pending jobs that fit the
   free total but no layout; its moves go out only when their gain exceeds their cost, within the budgets
   (`RACKSCALE_MAX_MIGRATIONS` in flight, `RACKSCALE_MIGRATION_GPU_HOURS` of moving per hour).
+- **Rebalancing** every `RACKSCALE_MIGRATION_INTERVAL_S`: from the agents' telemetry (`telemetry.*`), each
+  domain's temperature at equal load (`shared.core.rebalance.thermal_offsets`); a domain that has run
+  `RACKSCALE_REBALANCE_SPREAD_C` hotter than others for `RACKSCALE_REBALANCE_HOLD_S` sheds its cheapest
+  checkpointable jobs to the cool domains (`plan_rebalance`), one plan at a time.
 - **The record**: every move is a `MigrationRecord`, written to JetStream (`names.migration_record(id)`, the
   newest per move kept) before its MoveOrder goes out, mirrored to Redis for the API, and announced as a
   `MigrationEvent` at each step (requested → checkpointing → restoring → done; requeued; rolled_back). Steps
@@ -43,12 +47,14 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.core import ClusterState, Health, JobSpec, get_policy
 from shared.core.migration import MigrationBudget, Movable, Move, plan_defrag, plan_evacuation
+from shared.core.rebalance import GpuHeat, plan_rebalance, thermal_offsets
 from shared.core.topology import GpuState, NodeState
 from shared.metrics import MigrationMetrics
 from shared.runtime import Deps, Service
 from shared.schemas import (
     EVENTS,
     MIGRATION_RECORD,
+    TELEMETRY,
     TERMINAL,
     JobEvent,
     JobRecord,
@@ -59,6 +65,7 @@ from shared.schemas import (
     MoveOrder,
     NodeChanged,
     NodeGpus,
+    Telemetry,
     encode,
 )
 from shared.snapshot import TopologyView, job_spec, occupy, occupy_held
@@ -87,6 +94,11 @@ class MigrationService(Service):
         self.last_evac = float("-inf")
         self.evac_gen = -1  # topology generation of the last evacuation pass
         self.leading = False  # holds the lease: the only replica that plans and writes records
+        # rebalancing: each node's latest GPU samples (received at, [(util, temp)]), and since when the
+        # domains' heat spread has exceeded the limit
+        self.heat: dict[str, tuple[float, list[tuple[float, float]]]] = {}
+        self.hot_since: float | None = None
+        self.last_rebalance = float("-inf")
         assert deps.metrics is not None
         self.metrics = MigrationMetrics(deps.metrics)
 
@@ -95,6 +107,7 @@ class MigrationService(Service):
         n, stop = self.names, self.stop_event
         self.spawn(self.bus.consume(n.node_events, n.consumer(self.name, "node"), EVENTS, self.on_event, stop), "node")
         self.spawn(self.bus.consume(n.job_events_all, n.consumer(self.name, "job"), EVENTS, self.on_event, stop), "job")
+        await self.bus.subscribe(n.telemetry_all, TELEMETRY, self.on_telemetry)
         self.spawn(self.loop(), "plan")
 
     async def resume(self) -> None:
@@ -190,6 +203,9 @@ class MigrationService(Service):
         elif isinstance(ev, NodeChanged) and ev.changed_gpus:
             self.kick.set()  # GPU health changed: evacuate now (the topology generation moved with it)
 
+    async def on_telemetry(self, t: Telemetry, _msg: Any) -> None:
+        self.heat[t.node] = (self.now(), [(g.util, g.temp_c) for g in t.gpus if not g.lost])
+
     async def on_job_event(self, ev: JobEvent) -> None:
         """Advance the job's move by the queue's transitions (idempotent: a step is recorded once). Only the
         leader keeps records; another replica lets the event go (the leader reconciles from job records)."""
@@ -265,7 +281,8 @@ class MigrationService(Service):
         gen = self.topology.generation
         evac = bad and (gen != self.evac_gen or now - self.last_evac >= s.migration_interval_s)
         defrag = known is not None and s.defrag == "on" and now - self.last_defrag >= s.migration_interval_s
-        if not (self.active() or evac or defrag):
+        rebalance = known is not None and bool(self.heat) and now - self.last_rebalance >= s.migration_interval_s
+        if not (self.active() or evac or defrag or rebalance):
             return
         jobs = {r.id: r for r in await self.store.active_jobs()}
         await self.reconcile(jobs, now)
@@ -274,7 +291,9 @@ class MigrationService(Service):
         if defrag:
             self.last_defrag = now
             defrag = any(j.state is JobState.PENDING and j.inflight_since is None for j in jobs.values())
-        if not (evac or defrag):
+        if rebalance:
+            self.last_rebalance = now
+        if not (evac or defrag or rebalance):
             return
         topo, health = known
         allocations = await self.store.allocations()
@@ -284,6 +303,8 @@ class MigrationService(Service):
             await self.evacuate(topo, health, allocations, jobs, busy, now)
         if defrag:
             await self.defragment(topo, health, allocations, jobs, busy, now)
+        if rebalance:
+            await self.rebalance(topo, health, allocations, jobs, busy, now)
 
     async def reconcile(self, jobs: Mapping[str, JobRecord], now: float) -> None:
         """Moves whose job events this service missed (a restart) or whose step ran out of time."""
@@ -312,6 +333,18 @@ class MigrationService(Service):
                 await self._finish(
                     rec, "rolled_back", now, f"restore not running in {timeout:g}s; re-placed by the queue"
                 )
+
+    def _budget(self, now: float) -> MigrationBudget:
+        """Moves in flight and GPU-seconds of moving started in the last hour, against the settings."""
+        s = self.deps.settings
+        while self.spent and now - self.spent[0][0] > HOUR_S:
+            self.spent.popleft()
+        return MigrationBudget(
+            max_moves=s.max_migrations,
+            in_flight=len(self.active()),
+            gpu_s_per_hour=s.migration_gpu_hours * HOUR_S,
+            spent_gpu_s=sum(c for _, c in self.spent),
+        )
 
     def _movable(self, jobs: Mapping[str, JobRecord], busy: set[str]) -> dict[str, Movable]:
         s = self.deps.settings
@@ -382,14 +415,7 @@ class MigrationService(Service):
             young = j.inflight_since is not None and now - j.inflight_since < INFLIGHT_S
             if j.state is JobState.PENDING and young and j.id not in held:
                 occupy(state, j.id, j.allocation, j, now, preemptible=False)
-        while self.spent and now - self.spent[0][0] > HOUR_S:
-            self.spent.popleft()
-        budget = MigrationBudget(
-            max_moves=s.max_migrations,
-            in_flight=in_flight,
-            gpu_s_per_hour=s.migration_gpu_hours * HOUR_S,
-            spent_gpu_s=sum(c for _, c in self.spent),
-        )
+        budget = self._budget(now)
         order: list[JobSpec] = [
             job_spec(j) for j in sorted(pending, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
         ]
@@ -402,6 +428,50 @@ class MigrationService(Service):
             if job is not None and job.state is JobState.RUNNING and mv.job_id not in busy:
                 why = f"defragmentation for job {plan.beneficiary}: {plan.why}"
                 await self.begin(job, "defrag", why, _target(mv, topo), mv.cost_gpu_s, plan.gain_gpu_s, now)
+                busy.add(mv.job_id)
+
+    async def rebalance(
+        self,
+        topo: Any,
+        health: Health,
+        allocations: list[Any],
+        jobs: Mapping[str, JobRecord],
+        busy: set[str],
+        now: float,
+    ) -> None:
+        """Move load off a domain that has run `rebalance_spread_c` hotter than others at the same load for
+        `rebalance_hold_s` (the hold keeps a passing spike from moving anything); one plan at a time."""
+        s = self.deps.settings
+        state = ClusterState(topo, health)
+        fresh = now - 3 * max(s.telemetry_s, s.migration_interval_s)
+        samples = [
+            GpuHeat(topo.node_index[node], util, temp)
+            for node, (at, gpus) in self.heat.items()
+            if at >= fresh and node in topo.node_index
+            for util, temp in gpus
+        ]
+        offsets = thermal_offsets(state, samples)
+        spread = max(offsets.values()) - min(offsets.values()) if len(offsets) > 1 else 0.0
+        if spread < s.rebalance_spread_c:
+            self.hot_since = None
+            return
+        self.hot_since = self.hot_since if self.hot_since is not None else now
+        if now - self.hot_since < s.rebalance_hold_s or any(r.kind == "rebalance" for r in self.active()):
+            return
+        occupy_held(state, allocations, jobs, now)
+        moves = plan_rebalance(
+            state,
+            offsets,
+            self._movable(jobs, busy),
+            self.policy,
+            self._budget(now),
+            now,
+            spread_c=s.rebalance_spread_c,
+        )
+        for mv in moves:
+            job = jobs.get(mv.job_id)
+            if job is not None and job.state is JobState.RUNNING and mv.job_id not in busy:
+                await self.begin(job, "rebalance", mv.reason, _target(mv, topo), mv.cost_gpu_s, 0.0, now)
                 busy.add(mv.job_id)
 
     async def begin(

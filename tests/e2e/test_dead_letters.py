@@ -47,11 +47,13 @@ async def test_malformed_messages_are_dead_lettered_and_services_keep_serving(
         (n.agent_register, "inventory"),
         (n.agent_heartbeat, "inventory"),
         (n.node_admin, "inventory"),
+        (n.telemetry(NODE), "inventory"),
+        (n.telemetry(NODE), "migration"),
     ]
     for subject in {s for s, _ in durable}:
         for data in (GARBAGE, WRONG_SHAPE):
             await js.publish(subject, data)
-    for subject, _ in core:
+    for subject in {s for s, _ in core}:
         for data in (GARBAGE, WRONG_SHAPE):
             await e2e.nc.publish(subject, data)
     await e2e.nc.flush()

@@ -346,3 +346,54 @@ async def test_a_checkpoint_not_acknowledged_in_time_rolls_the_move_back_and_req
     (rec,) = await wait_until(rolled_back, "the move's record rolled back")
     assert rec.job_id == job and "checkpoint not acknowledged" in rec.error and "abort" in rec.steps, rec
     assert not service_errors(caplog.records)
+
+
+async def test_a_domain_running_hot_sheds_jobs_to_a_cool_one(
+    open_stack: StackFactory, caplog: pytest.LogCaptureFixture, tmp_path: Any
+) -> None:
+    """Four one-node checkpointable jobs land in d00; then d00 runs 12 C hot (a scripted fault on the whole
+    domain). At equal load d00 is 12 C above d01, past the 8 C spread for longer than the hold: the two
+    cheapest jobs move to d01, after which d00 carries no more than d01 and nothing moves again. The
+    temperature health rule is set out of reach, so this is rebalancing, not evacuation."""
+    rules = tmp_path / "rules.yaml"
+    rules.write_text("temperature_c: 120\n")
+    settings = {
+        "checkpoint_s": 0.2,
+        "health_rules_file": str(rules),
+        "migration_interval_s": 0.5,
+        "rebalance_spread_c": 8.0,
+        "rebalance_hold_s": 1.0,
+        **FAST_TELEMETRY,
+    }
+    e2e: E2E = await open_stack(domains=2, settings=settings)
+    body = {"tenant": "a", "gpus": 4, "checkpointable": True, "duration_s": 120.0}
+    d01 = [f"d01-n{j:02d}" for j in range(18)]
+    for node in d01:  # the jobs land in d00
+        await e2e.admin(node, "drain")
+    jobs = [await e2e.submit({**body, "name": f"warm-{i}"}) for i in range(4)]
+    views = {j: await e2e.wait_state(j, {"running"}) for j in jobs}
+    assert {domain_of(nodes_of(v)[0]) for v in views.values()} == {"d00"}, views
+    for node in d01:
+        await e2e.admin(node, "undrain")
+    inject_all = e2e.stack.fleet
+    assert inject_all is not None
+    assert len(inject_all.inject(Fault(domain="d00", hot_c=12.0))) == 18
+
+    async def two_moved() -> list[Any] | None:
+        recs = {e.record.id: e.record for e in await migration_events(e2e)}
+        done = [r for r in recs.values() if r.kind == "rebalance" and r.state == "done"]
+        return done if len(done) >= 2 else None
+
+    moved = await wait_until(two_moved, "two rebalancing moves done")
+    assert all("d00 runs" in r.why and domain_of(r.target[0].node) == "d01" for r in moved), moved
+    # settled: d00 and d01 carry two jobs each, and later rounds move nothing more
+    settle_from = time.time()
+    await wait_until(lambda: _later(settle_from + 3.0), "3 s more of rounds (6 of them)")
+    recs = {e.record.id: e.record for e in await migration_events(e2e)}
+    assert len(recs) == 2 and {r.kind for r in recs.values()} == {"rebalance"}, recs
+    domains = sorted([domain_of(nodes_of(await e2e.job(j))[0]) for j in jobs])
+    assert domains == ["d00", "d00", "d01", "d01"], domains
+    starts, exits = await starts_and_exits(e2e)
+    for job in jobs:
+        assert not ran_once(job, starts[job], exits[job])
+    assert not service_errors(caplog.records)

@@ -37,6 +37,8 @@ DEFAULTS: dict[str, Any] = {
     "max_migrations": 4,
     "migration_gpu_hours": 64.0,
     "defrag": "on",
+    "rebalance_spread_c": 8.0,
+    "rebalance_hold_s": 60.0,
     "metrics_port": 0,
     "log_level": "INFO",
 }
