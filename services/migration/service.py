@@ -281,7 +281,11 @@ class MigrationService(Service):
         gen = self.topology.generation
         evac = bad and (gen != self.evac_gen or now - self.last_evac >= s.migration_interval_s)
         defrag = known is not None and s.defrag == "on" and now - self.last_defrag >= s.migration_interval_s
-        rebalance = known is not None and bool(self.heat) and now - self.last_rebalance >= s.migration_interval_s
+        offsets: dict[int, float] | None = None  # set when a rebalancing plan is due
+        if known is not None and self.heat and now - self.last_rebalance >= s.migration_interval_s:
+            self.last_rebalance = now
+            offsets = self.heat_due(known[0], now)
+        rebalance = offsets is not None
         if not (self.active() or evac or defrag or rebalance):
             return
         jobs = {r.id: r for r in await self.store.active_jobs()}
@@ -291,8 +295,6 @@ class MigrationService(Service):
         if defrag:
             self.last_defrag = now
             defrag = any(j.state is JobState.PENDING and j.inflight_since is None for j in jobs.values())
-        if rebalance:
-            self.last_rebalance = now
         if not (evac or defrag or rebalance):
             return
         topo, health = known
@@ -303,8 +305,8 @@ class MigrationService(Service):
             await self.evacuate(topo, health, allocations, jobs, busy, now)
         if defrag:
             await self.defragment(topo, health, allocations, jobs, busy, now)
-        if rebalance:
-            await self.rebalance(topo, health, allocations, jobs, busy, now)
+        if offsets is not None:
+            await self.rebalance(topo, health, offsets, allocations, jobs, busy, now)
 
     async def reconcile(self, jobs: Mapping[str, JobRecord], now: float) -> None:
         """Moves whose job events this service missed (a restart) or whose step ran out of time."""
@@ -430,19 +432,11 @@ class MigrationService(Service):
                 await self.begin(job, "defrag", why, _target(mv, topo), mv.cost_gpu_s, plan.gain_gpu_s, now)
                 busy.add(mv.job_id)
 
-    async def rebalance(
-        self,
-        topo: Any,
-        health: Health,
-        allocations: list[Any],
-        jobs: Mapping[str, JobRecord],
-        busy: set[str],
-        now: float,
-    ) -> None:
-        """Move load off a domain that has run `rebalance_spread_c` hotter than others at the same load for
-        `rebalance_hold_s` (the hold keeps a passing spike from moving anything); one plan at a time."""
+    def heat_due(self, topo: Any, now: float) -> dict[int, float] | None:
+        """The domains' thermal offsets when a rebalancing plan is due: their spread has stayed past
+        `rebalance_spread_c` for `rebalance_hold_s` (a passing spike moves nothing) and no rebalancing move
+        is under way (one plan at a time); else None."""
         s = self.deps.settings
-        state = ClusterState(topo, health)
         fresh = now - 3 * max(s.telemetry_s, s.migration_interval_s)
         samples = [
             GpuHeat(topo.node_index[node], util, temp)
@@ -450,14 +444,29 @@ class MigrationService(Service):
             if at >= fresh and node in topo.node_index
             for util, temp in gpus
         ]
-        offsets = thermal_offsets(state, samples)
+        offsets = thermal_offsets(ClusterState(topo), samples)
         spread = max(offsets.values()) - min(offsets.values()) if len(offsets) > 1 else 0.0
         if spread < s.rebalance_spread_c:
             self.hot_since = None
-            return
+            return None
         self.hot_since = self.hot_since if self.hot_since is not None else now
         if now - self.hot_since < s.rebalance_hold_s or any(r.kind == "rebalance" for r in self.active()):
-            return
+            return None
+        return offsets
+
+    async def rebalance(
+        self,
+        topo: Any,
+        health: Health,
+        offsets: dict[int, float],
+        allocations: list[Any],
+        jobs: Mapping[str, JobRecord],
+        busy: set[str],
+        now: float,
+    ) -> None:
+        """Move load off the domain running hot (see `heat_due`) into the cool ones, cheapest jobs first."""
+        s = self.deps.settings
+        state = ClusterState(topo, health)
         occupy_held(state, allocations, jobs, now)
         moves = plan_rebalance(
             state,

@@ -261,8 +261,13 @@ async def test_defragmentation_moves_the_fewest_jobs_so_a_domain_sized_job_runs(
     ran = await e2e.wait_state(big, {"running"}, timeout=90)
     assert {domain_of(n) for n in nodes_of(ran)} == {"d00"}, ran
 
-    records = {e.record.id: e.record for e in await migration_events(e2e)}
-    moves = [r for r in records.values() if r.kind == "defrag"]
+    # the big job may start before the moved ones have restored (their old GPUs were released first)
+    async def moves_ended() -> list[Any] | None:
+        records = {e.record.id: e.record for e in await migration_events(e2e)}
+        moves = [r for r in records.values() if r.kind == "defrag"]
+        return moves if moves and all(r.state in ("done", "requeued", "rolled_back") for r in moves) else None
+
+    moves = await wait_until(moves_ended, "the defragmentation moves to end")
     assert len(moves) == 2, moves  # the fewest: 16 nodes needed, d00 had 14 free
     assert all(r.job_id in singles and r.state == "done" and big in r.why for r in moves), moves
     assert {domain_of(r.target[0].node) for r in moves} <= {"d01", "d02"}, moves
