@@ -413,7 +413,13 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
     # the gateway stays here: the bench needs its port, which a child picks on its own
     in_process = ("gateway",) if cfg.services_process else StackOptions.in_process
     stack = Stack(
-        StackOptions(domains=cfg.domains, settings=settings, agents=not cfg.agents_process, in_process=in_process)
+        StackOptions(
+            domains=cfg.domains,
+            settings=settings,
+            agents=not cfg.agents_process,
+            in_process=in_process,
+            migration="process" if cfg.services_process else "in_process",
+        )
     )
     t0 = time.perf_counter()
     await stack.start()
@@ -490,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", default=None, metavar="FILE", help="cProfile the stack's process into FILE")
     p.add_argument("--agents-process", action="store_true", help="run the simulated agents in a child process")
     p.add_argument(
-        "--services-process", action="store_true", help="run inventory, queue and placement as child processes"
+        "--services-process", action="store_true", help="run every service but the gateway as a child process"
     )
     a = p.parse_args(argv)
     cfg = BenchConfig(
