@@ -81,7 +81,6 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
         "placement": [(stream(n.orders), n.consumer("placement", "orders"))],
         "migration": [
             (stream(n.node_events), n.consumer("migration", "node")),
-            (stream(n.job_events_all), n.consumer("migration", "job")),
             # at start it reads its records back through an ephemeral consumer
             (stream(n.migration_records_all), "*"),
         ],
@@ -108,7 +107,7 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
         "inventory": [n.agent_register, n.agent_heartbeat, n.telemetry_all, n.node_admin],
         "queue": [n.cycle_kick],
         "placement": [],
-        "migration": [n.telemetry_all],  # heat per domain, for rebalancing
+        "migration": [n.job_events_all, n.telemetry_all],  # moves' progress (hints); heat per domain
         "agent": [],
     }
     out: dict[str, Permissions] = {}

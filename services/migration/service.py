@@ -21,7 +21,8 @@ It decides; the queue (which owns job records) carries a move out; placement and
 - **The record**: every move is a `MigrationRecord`, written to JetStream (`names.migration_record(id)`, the
   newest per move kept) before its MoveOrder goes out, mirrored to Redis for the API, and announced as a
   `MigrationEvent` at each step (requested → checkpointing → restoring → done; requeued; rolled_back). Steps
-  advance from the job's own events (`events.job.>`); a step not done within
+  advance from the job's own events (`events.job.>`, a core subscription: hints, with the job records
+  read back every round as the truth); a step not done within
   `RACKSCALE_MIGRATION_STEP_TIMEOUT_S` is rolled back (a checkpoint that never completes: MoveAbort, the
   queue requeues the job). A restarted service reads its records back, re-sends the MoveOrder of a move
   still `requested` (the queue dedupes it) and reconciles the rest from the job records: the queue drives a
@@ -106,7 +107,9 @@ class MigrationService(Service):
     async def start(self) -> None:
         n, stop = self.names, self.stop_event
         self.spawn(self.bus.consume(n.node_events, n.consumer(self.name, "node"), EVENTS, self.on_event, stop), "node")
-        self.spawn(self.bus.consume(n.job_events_all, n.consumer(self.name, "job"), EVENTS, self.on_event, stop), "job")
+        # job events are hints (the job records are the truth, reconciled every round): a core subscription,
+        # so the busiest subject costs no acks; what it misses while down the next round reads from Redis
+        await self.bus.subscribe(n.job_events_all, EVENTS, self.on_job_msg)
         await self.bus.subscribe(n.telemetry_all, TELEMETRY, self.on_telemetry)
         self.spawn(self.loop(), "plan")
 
@@ -202,6 +205,10 @@ class MigrationService(Service):
             await self.on_job_event(ev)
         elif isinstance(ev, NodeChanged) and ev.changed_gpus:
             self.kick.set()  # GPU health changed: evacuate now (the topology generation moved with it)
+
+    async def on_job_msg(self, ev: Any, _msg: Any) -> None:
+        if isinstance(ev, JobEvent):
+            await self.on_job_event(ev)
 
     async def on_telemetry(self, t: Telemetry, _msg: Any) -> None:
         self.heat[t.node] = (self.now(), [(g.util, g.temp_c) for g in t.gpus if not g.lost])
