@@ -171,6 +171,7 @@ class MigrationStats:
     beneficiaries_started: int = 0  # beneficiaries that started at the plan's time
     plan_calls: int = 0
     plan_time_s: float = 0.0  # wall time inside the planner, when a timer was injected
+    move_times: list[float] = field(default_factory=list)  # simulated time of every move
 
 
 class PendingQueue:
@@ -605,6 +606,7 @@ class Simulator:
         r.remaining -= kept
         self._start(i, t, mv.dst.nodes, overhead=pause)
         self.mig.pause_gpu_s += pause * r.job.gpus
+        self.mig.move_times.append(t)
         self.moving.append((t + pause, mv.job_id))
 
     def _defrag(self, order: list[str], t: float) -> bool:

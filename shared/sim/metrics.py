@@ -29,13 +29,14 @@ a few very long jobs after the last arrival. Definitions (GPU-seconds unless sai
 - ``failures``, ``failure_kills``: node failures and the job attempts they killed;
   ``lost_gpu_h``: GPU-hours of work lost to kills; ``slowdown_gpu_h``: GPU-hours lost to cross-domain
   slowdown; ``overhead_gpu_h``: restore time (and the pauses of moved jobs).
-- With migration on (``--migration on``) also: ``moves_per_day`` (moves over the run's length from the
-  window start), ``defrag_plans`` / ``defrag_moves`` / ``staged_plans``, ``evac_moves`` (jobs moved off a
-  failed node instead of requeued; ``evac_in_place``: only the failed node's ranks moved, to a spare in
-  the same domain), ``evac_requeued``, ``move_pause_gpu_h`` (GPU-hours the moved jobs stood still:
-  checkpoint + restore for defragmentation, restore for evacuation; counted in ``overhead_gpu_h`` and not
-  useful, so goodput is net of it), ``move_gain_gpu_h`` (the planner's estimate of the waiting it saved:
-  beneficiary GPUs x estimated wait, complete plans only), ``beneficiaries_started``.
+- With migration on (``--migration on``) also: ``migrations`` (every move of the run), ``moves_per_day``
+  (moves inside the window per window day), ``defrag_plans`` / ``defrag_moves`` / ``staged_plans``,
+  ``evac_moves`` (jobs moved off a failed node instead of requeued; ``evac_in_place``: only the failed
+  node's ranks moved, to a spare in the same domain), ``evac_requeued``, ``move_pause_gpu_h`` (GPU-hours
+  the moved jobs stood still: checkpoint + restore for defragmentation, restore for evacuation; counted in
+  ``overhead_gpu_h`` and not useful, so goodput is net of it), ``move_gain_gpu_h`` (the planner's
+  estimate of the waiting it saved: beneficiary GPUs x estimated wait, complete plans only),
+  ``beneficiaries_started``.
 """
 
 from __future__ import annotations
@@ -172,20 +173,21 @@ def compute(res: SimResult) -> dict[str, float | int | None]:
         "overhead_gpu_h": overhead / 3600.0,
         "events": res.events,
         "cycles": res.cycles,
-        **_migration(res, w0),
+        **_migration(res),
     }
 
 
-def _migration(res: SimResult, w0: float) -> dict[str, float | int]:
+def _migration(res: SimResult) -> dict[str, float | int]:
     """Migration figures, only for runs with migration on (so migration-off reports stay as they were)."""
     mig = res.migration
     if mig is None:
         return {}
     moves = mig.defrag_moves + mig.evac_moves
-    days = max(res.end_time - w0, 1.0) / 86400.0
+    w0, w1 = res.window
+    in_window = sum(1 for t in mig.move_times if w0 <= t < w1)
     return {
         "migrations": moves,
-        "moves_per_day": moves / days,
+        "moves_per_day": in_window / (max(w1 - w0, 1.0) / 86400.0),
         "defrag_plans": mig.defrag_plans,
         "defrag_moves": mig.defrag_moves,
         "staged_plans": mig.staged_plans,
