@@ -109,14 +109,17 @@ async def test_fatal_gpu_fault_moves_checkpointable_job_within_one_domain_and_re
     body = {"name": "ckpt", "tenant": "alice", "gpus": 16, "checkpointable": True, "duration_s": 8.0}
     movable = await e2e.submit(body)
     plain = await e2e.submit({"name": "plain", "tenant": "bob", "gpus": 4, "duration_s": 8.0})
-    first = {j: await e2e.wait_state(j, {"running"}) for j in (movable, plain)}
+    fragile = await e2e.submit({"name": "fragile", "tenant": "bob", "gpus": 4, "on_node_failure": "fail"})
+    first = {j: await e2e.wait_state(j, {"running"}) for j in (movable, plain, fragile)}
     hit = nodes_of(first[movable])[1]
     other = nodes_of(first[plain])[0]
-    assert hit != other
+    third = nodes_of(first[fragile])[0]
+    assert len({hit, other, third}) == 3
 
     fault_at = time.time()  # the services' clock (Deps.clock defaults to time.time)
     inject(e2e, Fault(node=hit, gpu=2, xid=79))  # fell off the bus: fatal
     inject(e2e, Fault(node=other, gpu=0, xid=48))  # double-bit ECC: fatal
+    inject(e2e, Fault(node=third, gpu=3, xid=79))
 
     moved = await e2e.wait_state(movable, {"running", "succeeded"}, check=lambda v: v["attempt"] >= 2)
     assert (hit, 2) not in {(p["node"], g) for p in moved["allocation"] for g in p["gpus"]}, moved
@@ -143,6 +146,9 @@ async def test_fatal_gpu_fault_moves_checkpointable_job_within_one_domain_and_re
     assert (other, 0) not in {(p["node"], g) for p in again["allocation"] for g in p["gpus"]}, again
     plain_states = [(e.state, e.attempt, e.reason) for e in await events_of(e2e, plain)]
     assert any(s is JobState.PENDING and a == 2 and "evacuated" in r for s, a, r in plain_states), plain_states
+    # one that asked for on_node_failure: fail fails, once its ranks have stopped
+    failed = await e2e.wait_state(fragile, {"failed", "succeeded", "cancelled"})
+    assert failed["state"] == "failed" and "evacuated" in failed["reason"] and failed["attempt"] == 1, failed
 
     done = await e2e.wait_terminal([movable, plain])
     assert {j["state"] for j in done.values()} == {"succeeded"}, done
@@ -150,18 +156,19 @@ async def test_fatal_gpu_fault_moves_checkpointable_job_within_one_domain_and_re
     for job in (movable, plain):
         assert not ran_once(job, starts[job], exits[job])
     kinds = {(e.record.job_id, e.record.state) for e in await migration_events(e2e)}
-    assert (movable, "done") in kinds and (plain, "requeued") in kinds, kinds
+    assert {(movable, "done"), (plain, "requeued"), (fragile, "requeued")} <= kinds, kinds
 
     # the API: each move with job, from, to, why, state and timings; a user sees only its tenant's
     everything = await _migrations(e2e, ADMIN)
     by_job = {m["job_id"]: m for m in everything["migrations"]}
-    assert set(by_job) == {movable, plain} and everything["total"] == 2, everything
+    assert set(by_job) == {movable, plain, fragile} and everything["total"] == 3, everything
     move = by_job[movable]
     assert move["state"] == "done" and move["kind"] == "evacuate" and "failed" in move["why"], move
     assert move["from"] == first[movable]["allocation"] and move["to"] == moved["allocation"], move
     assert {"requested", "checkpointing", "restoring", "placed", "running", "done"} <= set(move["steps"]), move
     assert 0 < move["took_s"] < FAULT_TO_RUNNING_S, move
     assert by_job[plain]["state"] == "requeued" and by_job[plain]["to"] == [], by_job[plain]
+    assert by_job[fragile]["error"] == "job failed", by_job[fragile]
     assert [m["job_id"] for m in (await _migrations(e2e, ALICE))["migrations"]] == [movable]
     assert [m["job_id"] for m in (await _migrations(e2e, BOB, tenant="alice"))["migrations"]] == []
     # and the CLI's table of the same
