@@ -4,19 +4,22 @@ exactly as it was (every what-if goes through a `Statement` and is rolled back).
 
 Two questions, one per entry point:
 
-- `plan_evacuation`: jobs on failed (or degraded) hardware. A checkpointable job whose only bad ranks sit
-  on a few nodes keeps its other ranks and gets *those* ranks re-placed in place — a spare node (or spare
-  GPUs of the same node) inside the same NVLink domain as the lost one, so every topology guarantee still
-  holds. When the domain has no spare, the whole job is re-placed by the policy (required NVLink stays in
-  one domain). When neither works, and for jobs that can't checkpoint, the job is requeued.
+- `plan_evacuation`: jobs on failed (or degraded) hardware. A checkpointable job keeps its good ranks
+  and gets the ranks on each bad node re-placed in place — on a spare node inside the same NVLink domain
+  as the lost one, so every topology guarantee still holds. When the domain has no spare, the whole job
+  is re-placed by the policy (required NVLink stays in one domain). When neither works, and for jobs that
+  can't checkpoint, the job is requeued.
 - `plan_defrag`: a pending job that fits the free total but no layout (free nodes scattered over
   domains in 1-2-node pieces). Per missing piece (a domain-sized run, or one segment), the domain that is
   cheapest to empty — fewest moves, then fewest GPU-seconds moved, then lowest index — has its
   checkpointable jobs moved out (re-placed by the policy, never into a domain the plan is emptying or
-  already counts on). Jobs spanning several domains are never moved. Staged: when the whole plan needs
-  more moves than the budget allows, the first whole domains are emptied now and the rest planned later.
-  A plan is returned only when its gain (the pending job's GPUs x its estimated wait without moves)
-  exceeds its cost (checkpoint + restore time x GPUs of every moved job) and it fits the budget.
+  already counts on). Jobs spanning several domains are not moved (with `MigrationBudget.segments`, their
+  whole segments in the domain may be). Staged: when the whole plan needs more moves than the budget
+  allows, the first whole domains are emptied now and the rest planned later; with
+  `MigrationBudget.early`, domains are emptied ahead even while the free total is still short.
+  A plan is returned only when its gain (the pending job's GPUs x the wait it saves, estimated from the
+  running jobs' expected ends) exceeds its cost (checkpoint + restore time x GPUs of every moved job)
+  and it fits the budget.
 
 Ties are broken by index or id throughout, so the same input gives the same plan.
 """
@@ -459,8 +462,10 @@ def _plan_for(
     later = (
         "" if complete else f"; later: {', '.join(names[st.group] for st in steps[done_steps:]) or 'as nodes free up'}"
     )
+    short = state.count[0][0][k] < req.nodes
+    situation = "needs more nodes than are free; consolidating ahead" if short else "fits the free total but no layout"
     why = (
-        f"job {req.job.id} ({req.nodes} nodes in runs of {size}) fits the free total but no layout; "
+        f"job {req.job.id} ({req.nodes} nodes in runs of {size}) {situation}; "
         f"{len(kept)} move(s) free room in {emptied}{later}; gain {gain / 3600:.1f} GPU-h waiting vs "
         f"cost {total_cost / 3600:.2f} GPU-h moving"
     )
