@@ -89,3 +89,42 @@ def test_cli_migration_on_reports_the_moves(tmp_path) -> None:  # type: ignore[n
     assert on["policies"]["rackscale"]["defrag_moves"] == 1 and off["policies"]["rackscale"]["migrations"] == 0
     md = (tmp_path / "on" / "report.md").read_text()
     assert "Migration: on" in md and "| moves per day |" in md and "| GPU-h paused by moves |" in md
+
+
+def test_conservation_with_migration_on_real_traces() -> None:
+    """The conservation test's Philly + Kalos workload with frequent failures and migration on: no GPU held
+    twice at any event batch (state.check), GPU-time adds up, every finished job's work is done once, moves
+    happen (both kinds) and locality stays whole."""
+    import itertools
+
+    from shared.core import MigrationBudget
+    from shared.sim.engine import SimConfig, simulate
+    from shared.sim.mapping import MappingConfig, map_jobs
+    from tests.unit.test_sim_conservation import FAILS, FLEET, workload
+
+    mapped = map_jobs(workload(), MappingConfig(), FLEET.topology(), seed=3).jobs
+    cfg = SimConfig(
+        policy="rackscale",
+        seed=3,
+        fleet=FLEET,
+        failures=FAILS,
+        check_state=True,
+        cycle_interval_s=10.0,
+        queue_depth=50,
+        migration=True,
+        migration_budget=MigrationBudget(max_moves=16, early=True),
+    )
+    res = simulate(mapped, cfg)
+    balanced(res)
+    for r in res.jobs:
+        assert (r.end is not None) != bool(r.unfinished), r.job.id
+    by_job: dict[int, list] = {}
+    for a in res.attempts:
+        by_job.setdefault(a.job, []).append(a)
+    for atts in by_job.values():
+        atts.sort(key=lambda a: a.start)
+        assert all(x.end <= y.start for x, y in itertools.pairwise(atts))
+    m = compute(res)
+    assert m["evac_moves"] > 0 and m["defrag_moves"] > 0
+    assert m["locality"] == 1.0
+    assert res.state_checks > 0
