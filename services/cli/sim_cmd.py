@@ -40,6 +40,18 @@ def _window(text: str) -> tuple[float, float]:
     return a, b
 
 
+def _outage(text: str) -> tuple[str, float, float]:
+    """NODE:DOWN_H:UP_H, e.g. d03-n07:30:54 (node d03-n07 down from hour 30 to hour 54 of the trace)."""
+    try:
+        node, down, up = text.rsplit(":", 2)
+        a, b = float(down), float(up)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NODE:DOWN_HOURS:UP_HOURS, got {text!r}") from None
+    if b <= a or a < 0:
+        raise argparse.ArgumentTypeError(f"outage {text!r}: up time must come after a non-negative down time")
+    return node, a, b
+
+
 def _segments(text: str) -> tuple[tuple[int, int], ...]:
     out = []
     for part in text.split(","):
@@ -113,6 +125,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("on", "off"),
         default="off",
         help="defragmentation may move a multi-domain job's whole segments out of a domain (the rest stay)",
+    )
+    p.add_argument(
+        "--outage",
+        action="append",
+        type=_outage,
+        default=None,
+        metavar="NODE:DOWN_H:UP_H",
+        help="scripted fault plan: node (e.g. d03-n07) down between these hours of simulated time; repeat",
     )
     p.add_argument("--mtbf-days", type=float, default=60.0, help="mean time between failures per node")
     p.add_argument("--repair-hours", type=float, default=24.0, help="mean repair time")
@@ -214,8 +234,17 @@ def build_experiment(args: argparse.Namespace) -> Any:
         ckpt_share=args.ckpt_share,
         **({"segments": args.segments} if args.segments else {}),
     )
+    fleet = FleetConfig(args.domains, args.nodes_per_domain, args.gpus_per_node, args.domains_per_leaf)
+    outages = []
+    if args.outage:
+        index = fleet.topology().node_index
+        for node, down, up in args.outage:
+            if node not in index:
+                raise SystemExit(f"--outage: no node {node!r} in the fleet (names look like d00-n00)")
+            outages.append((index[node], down * 3600.0, up * 3600.0))
     sim = SimConfig(
-        fleet=FleetConfig(args.domains, args.nodes_per_domain, args.gpus_per_node, args.domains_per_leaf),
+        fleet=fleet,
+        outages=tuple(outages),
         failures=FailureModel(args.failures == "on", args.mtbf_days, args.repair_hours),
         slowdown=SlowdownModel(nvlink_gbps=50.0 * args.bandwidth_ratio, scaleout_gbps=50.0, comm_share=args.comm_share),
         reservations=args.reservations,

@@ -128,3 +128,21 @@ def test_conservation_with_migration_on_real_traces() -> None:
     assert m["evac_moves"] > 0 and m["defrag_moves"] > 0
     assert m["locality"] == 1.0
     assert res.state_checks > 0
+
+
+def test_cli_fault_plan_with_migration(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--outage scripts a node failure; with migration on the checkpointable gang on it moves to the spare."""
+    import json
+
+    from services.cli import sim_cmd
+
+    trace = tmp_path / "g.csv"
+    trace.write_text("job_id,submit_s,gpus,duration_s,tenant,checkpointable\ng,0,12,1000,t,true\n")
+    args = ["--trace", str(trace), "--domains", "2", "--nodes-per-domain", "4", "--policy", "rackscale"]
+    args += ["--cycle-interval", "0", "--exact-estimates", "--quiet", "--no-plots", "--failures", "off"]
+    args += ["--outage", f"d00-n00:{20 / 3600}:{200 / 3600}", "--migration", "on"]
+    assert sim_cmd.main([*args, "--out", str(tmp_path / "r")]) == 0
+    m = json.loads((tmp_path / "r" / "report.json").read_text())["policies"]["rackscale"]
+    assert m["failures"] == 1 and m["evac_moves"] == 1 and m["evac_in_place"] == 1 and m["failure_kills"] == 0
+    with pytest.raises(SystemExit, match="no node 'd09-n00'"):
+        sim_cmd.main([*args[:-4], "--outage", "d09-n00:1:2", "--out", str(tmp_path / "x")])
