@@ -17,6 +17,13 @@ A node failure marks the node unusable (`state.set_usable(node, False)`) and kil
 released and requeued; a checkpointable job keeps the work up to its last periodic checkpoint
 (`ckpt_interval_s` of work), others restart from zero. A repair makes the node usable again.
 
+With `migration` on, the core's migration planner (`shared/core/migration.py`) runs here as in the
+migration service: on a node failure `plan_evacuation` first moves the checkpointable jobs on it (a spare
+node of the same domain, else re-placed whole; they lose the work since their last checkpoint, pay the
+restore and restart at once); at most every `migration_interval_s`, before and after a cycle, `plan_defrag`
+moves running jobs so a blocked one fits. A moved attempt ends as `moved` keeping all its work; the job
+restarts at the destination after checkpoint + restore time (GPU time without progress).
+
 Each attempt is recorded (start, end, GPUs, restore overhead, kept work, slowdown, locality) so the
 metrics can be recomputed exactly, and GPU-hours can be checked to add up.
 """
@@ -571,7 +578,8 @@ class Simulator:
     def _evacuate(self, node: int, t: float) -> bool:
         """A node just failed (already unusable): the core's planner moves its checkpointable jobs (a spare
         node in the same domain when there is one), each losing the work since its last periodic checkpoint
-        and restarting at once; what it requeues is left on the node for the caller's kill-and-requeue."""
+        and restarting at once; what it requeues is left on the node for the caller's kill-and-requeue.
+        True when a job left nodes that are still up (a cycle may use them)."""
         assert self.mig is not None
         if not self.state.node_jobs[node]:
             return False
@@ -587,7 +595,7 @@ class Simulator:
             r.kills += 1
             self.mig.evac_moves += 1
             self.mig.evac_in_place += mv.in_place
-        return False
+        return any(not mv.in_place for mv in plan.moves)
 
     def _all_gpus(self, node: int) -> int:
         return (1 << self.topo.node_gpus[node]) - 1
