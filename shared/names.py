@@ -5,7 +5,7 @@ server) and a scheduling cell. All Redis keys of a cell share the hash tag ``{ce
 script can touch any of them atomically, also on Redis Cluster.
 
 Who writes what (one writer per Redis key family):
-  inventory  node:*, nodestate:*, healthstate:*, nodes, topo:gen      placement  gpus:*, alloc:*, allocs
+  inventory  node:*, nodestate:*, healthstate:*, nodes, heartbeats, topo:gen      placement  gpus:*, alloc:*, allocs
   queue      job:*, jobs, jobs:active, queue:leader   migration  migration:*, migrations
 """
 
@@ -154,6 +154,10 @@ class Names:
     @property
     def nodes_key(self) -> str:
         return self._key("nodes")  # set of node names
+
+    @property
+    def heartbeats_key(self) -> str:
+        return self._key("heartbeats")  # zset: node → time of its last heartbeat (liveness, apart from the record)
 
     @property
     def topo_gen_key(self) -> str:

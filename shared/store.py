@@ -9,7 +9,7 @@ and only then marks them. Two placement replicas can therefore never hand out on
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -113,20 +113,47 @@ class Store:
             p.set(n.node_key(rec.name), encode(rec))
             p.set(n.node_state_key(rec.name), rec.state)
             p.sadd(n.nodes_key, rec.name)
+            p.zadd(n.heartbeats_key, {rec.name: rec.last_heartbeat}, gt=True)
             if topology_changed:
                 p.incr(n.topo_gen_key)
             await p.execute()
 
+    async def touch_nodes(self, seen: Mapping[str, float]) -> None:
+        """Record heartbeats (node → time) without rewriting the records: one command for a whole batch."""
+        if seen:
+            await self.r.zadd(self.names.heartbeats_key, dict(seen), gt=True)
+
     async def get_node(self, name: str) -> NodeRecord | None:
-        raw = await self.r.get(self.names.node_key(name))
-        return NODE_RECORD.decode(raw) if raw else None
+        return (await self.get_nodes([name]))[0]
+
+    async def get_nodes(self, names: Sequence[str]) -> list[NodeRecord | None]:
+        """Records in the order asked, None for unknown names; `last_heartbeat` from the liveness zset."""
+        if not names:
+            return []
+        n = self.names
+        async with self.r.pipeline(transaction=False) as p:
+            p.mget([n.node_key(x) for x in names])
+            p.zmscore(n.heartbeats_key, list(names))
+            raws, seen = await p.execute()
+        out: list[NodeRecord | None] = []
+        for raw, t in zip(raws, seen, strict=True):
+            rec = NODE_RECORD.decode(raw) if raw else None
+            if rec is not None and t is not None and t > rec.last_heartbeat:
+                rec.last_heartbeat = t
+            out.append(rec)
+        return out
+
+    async def node_states(self, names: Sequence[str]) -> list[str | None]:
+        raws = await self.r.mget([self.names.node_state_key(x) for x in names]) if names else []
+        return [raw.decode() if raw else None for raw in raws]
+
+    async def silent_nodes(self, before: float) -> list[str]:
+        """Nodes whose last heartbeat (or registration) is older than `before`."""
+        return [m.decode() for m in await self.r.zrangebyscore(self.names.heartbeats_key, "-inf", f"({before!r}")]
 
     async def nodes(self) -> list[NodeRecord]:
         names = sorted(m.decode() for m in await self.r.smembers(self.names.nodes_key))
-        if not names:
-            return []
-        raws = await self.r.mget([self.names.node_key(x) for x in names])
-        return [NODE_RECORD.decode(raw) for raw in raws if raw]
+        return [rec for rec in await self.get_nodes(names) if rec is not None]
 
     async def node_with_health(self, name: str) -> tuple[NodeRecord | None, NodeHealthState | None]:
         """A node's record and its health rules' state, in one round trip (a telemetry sample needs both)."""

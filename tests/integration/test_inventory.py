@@ -294,6 +294,43 @@ async def test_heartbeats_keep_the_node_up_without_bumping_the_topology(harness:
     assert await inv.store.topology_generation() == generation
 
 
+async def test_a_batch_of_heartbeats_writes_liveness_once_and_records_only_for_changes(harness: Harness) -> None:
+    h, clock = harness, FakeClock()
+    inv = await h.inventory(clock)
+    for node in ("d00-n00", "d00-n01", "d00-n02"):
+        await registered(h, inv, node)
+    limit = h.settings.missed_heartbeats * h.settings.heartbeat_s
+    assert sorted(c.node for c in await inv.check_once(clock.t + limit + 1)) == ["d00-n00", "d00-n01", "d00-n02"]
+    assert {r.state for r in await inv.store.nodes()} == {"down"}
+    raw_n00 = await inv.store.r.get(h.names.node_key("d00-n00"))
+
+    clock.t += limit + 2
+    sick = [GpuReport(index=0), GpuReport(index=1, health="degraded"), GpuReport(index=2), GpuReport(index=3)]
+    out = await inv.heartbeats(
+        [
+            Heartbeat(node="d00-n01", at=clock.t),
+            Heartbeat(node="d09-n99", at=clock.t),  # never registered
+            Heartbeat(node="d00-n02", at=clock.t, gpus=sick),
+        ]
+    )
+    assert out["d09-n99"] is None and inv.unknown_heartbeats == 1
+    assert out["d00-n01"] is not None and out["d00-n01"].state == "up"
+    assert out["d00-n02"] is not None and out["d00-n02"].gpu_health == {"1": "degraded"}
+    assert await h.redis.zscore(h.names.heartbeats_key, "d09-n99") is None  # no liveness for strangers
+    assert await inv.store.r.get(h.names.node_key("d00-n00")) == raw_n00  # no beat: its record untouched
+    recs = {r.name: r for r in await inv.store.nodes()}
+    assert {n: r.state for n, r in recs.items()} == {"d00-n00": "down", "d00-n01": "up", "d00-n02": "up"}
+    assert recs["d00-n01"].last_heartbeat == clock.t
+
+    # a beat that changes nothing moves only the liveness zset; readers still see the new time
+    raw_n01 = await inv.store.r.get(h.names.node_key("d00-n01"))
+    clock.t += 1
+    await inv.heartbeats([Heartbeat(node="d00-n01", at=clock.t)])
+    assert await inv.store.r.get(h.names.node_key("d00-n01")) == raw_n01
+    assert (await inv.store.get_node("d00-n01")).last_heartbeat == clock.t  # type: ignore[union-attr]
+    assert [c.node for c in await inv.check_once(clock.t + limit - 0.1)] == ["d00-n02"]
+
+
 async def test_gpu_health_from_heartbeats(harness: Harness) -> None:
     h, clock = harness, FakeClock()
     inv = await h.inventory(clock)
