@@ -1,4 +1,4 @@
-"""python -m services.agent --backend sim|nvml [--node NAME --domain D --clique N --gpus N --seed S]
+"""python -m services.agent --backend sim|nvml [--topology backend|k8s] [--node NAME --domain D --clique N ...]
 
 An agent talks only to NATS; it needs RACKSCALE_NATS_URL (and no Redis).
 """
@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 from pathlib import Path
 
 from services.agent.backends import GpuBackend, NvmlUnavailableError, SimBackend, make_backend
 from services.agent.faults import FaultPlanError, faults_for, load_plan
+from services.agent.k8s_labels import NodeLabelsError, labelled, read_node_labels
 from services.agent.process import agent_deps, agent_settings
 from services.agent.service import AgentService
+from shared.core.topology_io import DEFAULT_DOMAIN_LABEL, LabelError
 from shared.runtime import run, setup_logging
 from shared.settings import Settings
 
@@ -21,6 +24,13 @@ from shared.settings import Settings
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m services.agent", description="Rackscale GPU node agent")
     p.add_argument("--backend", choices=("sim", "nvml"), default="sim", help="where GPU facts come from")
+    p.add_argument(
+        "--topology",
+        choices=("backend", "k8s"),
+        default="backend",
+        help="where domain and clique come from: the backend (NVML fabric info) or the Kubernetes node's labels",
+    )
+    p.add_argument("--domain-label", default=DEFAULT_DOMAIN_LABEL, help="k8s: a provider's NVLink domain label")
     p.add_argument("--node", default=None, help="node name (default: the short hostname)")
     p.add_argument("--domain", default=None, help="sim: NVLink domain / cluster UUID (default: the node alone)")
     p.add_argument("--clique", type=int, default=0, help="sim: clique id inside the domain")
@@ -34,9 +44,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(settings: Settings, backend: GpuBackend, args: argparse.Namespace) -> None:
+    relabel = None
+    if args.topology == "k8s":
+        labels = await read_node_labels(backend.node)
+        labelled(backend.describe(), labels, args.domain_label)  # a bad label stops the agent here, named
+        relabel = functools.partial(labelled, labels=labels, domain_label=args.domain_label)
     deps = await agent_deps(settings, AgentService.name)
     agent = AgentService(
-        deps, backend, register_every=args.register_every, stop_grace_s=args.stop_grace, log_dir=args.log_dir
+        deps,
+        backend,
+        register_every=args.register_every,
+        stop_grace_s=args.stop_grace,
+        log_dir=args.log_dir,
+        relabel=relabel,
     )
     await run(agent)
 
@@ -64,7 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             backend.schedule(faults_for(backend.node, backend.domain, load_plan(settings.fault_plan_file)))
         except (FaultPlanError, ValueError) as e:
             sys.exit(f"agent: {e}")
-    asyncio.run(_serve(settings, backend, args))
+    try:
+        asyncio.run(_serve(settings, backend, args))
+    except (NodeLabelsError, LabelError) as e:
+        sys.exit(f"agent: {e}")
     return 0
 
 

@@ -33,7 +33,7 @@ import logging
 import signal
 import uuid
 from collections import OrderedDict
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,7 @@ from shared.runtime import Deps, Service
 from shared.schemas import (
     AGENT_COMMANDS,
     AgentCommand,
+    AgentRegister,
     Heartbeat,
     RankExited,
     RankStarted,
@@ -106,8 +107,10 @@ class AgentService(Service):
         log_dir: Path | None = None,
         consume: bool = True,
         keep_finished: int = 4096,
+        relabel: Callable[[AgentRegister], AgentRegister] | None = None,
     ) -> None:
-        """`consume=False` leaves command intake to the caller (a fleet dispatching to `handle`)."""
+        """`consume=False` leaves command intake to the caller (a fleet dispatching to `handle`);
+        `relabel` rewrites the backend's registration (topology from Kubernetes node labels)."""
         super().__init__(deps)
         if register_every < 1:
             raise ValueError(f"register_every must be >= 1, got {register_every}")
@@ -118,6 +121,7 @@ class AgentService(Service):
         self.log_dir = log_dir
         self.consume = consume
         self.keep_finished = keep_finished
+        self.relabel = relabel
         self.ready = asyncio.Event()  # set once the command consumer is bound (or at start without one)
         self.runs: OrderedDict[RunKey, RankRun] = OrderedDict()
         self._watchers: set[asyncio.Task[None]] = set()
@@ -177,7 +181,10 @@ class AgentService(Service):
             if self._quiet():
                 pass
             elif self.beats % self.register_every == 0:
-                reg = msgspec.structs.replace(self.backend.describe(), at=self.now(), boot_id=self.boot_id)
+                described = self.backend.describe()
+                if self.relabel is not None:
+                    described = self.relabel(described)
+                reg = msgspec.structs.replace(described, at=self.now(), boot_id=self.boot_id)
                 await self.bus.publish_core(self.names.agent_register, reg)
             else:
                 hb = Heartbeat(node=self.node, at=self.now(), running=self.running_jobs(), gpus=self.backend.health())

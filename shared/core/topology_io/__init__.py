@@ -13,6 +13,7 @@ from .k8s import (
     SPINE_LABEL,
     LabelError,
     LabelImport,
+    fabric_from_labels,
     labels_from_topology,
     topology_from_labels,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "compress",
     "dump_topology_yaml",
     "expand",
+    "fabric_from_labels",
     "labels_from_topology",
     "load_topology_yaml",
     "natural_key",

@@ -76,6 +76,21 @@ def topology_from_labels(
     return LabelImport(Topology(levels, specs, generation=generation), skipped)
 
 
+def fabric_from_labels(
+    name: str, labels: Mapping[str, str], *, domain_label: str | None = DEFAULT_DOMAIN_LABEL
+) -> tuple[str, int, str | None]:
+    """One node's (NVLink domain, clique id, leaf) from its labels, as an agent reports them.
+
+    The same reading as `topology_from_labels`; the clique id is the number after the last dot of
+    ``nvidia.com/gpu.clique`` (0 for a node without the label: its domain is a provider label or itself).
+    """
+    node = _read_node(name, labels, domain_label, gpus_per_node=1)
+    clique = node.path["clique"].rpartition(".")[2]
+    if not (clique.isascii() and clique.isdigit()):
+        raise LabelError(f"node {name}: label {CLIQUE_LABEL}={node.path['clique']!r}: cliqueId isn't a number")
+    return node.path["domain"], int(clique), node.path.get("leaf")
+
+
 def _read_node(name: str, labels: Mapping[str, str], domain_label: str | None, gpus_per_node: int | None) -> _Node:
     path: dict[str, str] = {}
     keys: dict[str, str] = {}
