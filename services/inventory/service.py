@@ -243,6 +243,10 @@ class InventoryService(Service):
                 reasons.append("registered with a new description")
             if prev.gpu_health != rec.gpu_health:
                 reasons.append(_health_reason(rec))
+            if not reasons and msgspec.structs.replace(rec, last_heartbeat=prev.last_heartbeat) == prev:
+                # the periodic re-registration of a node that changed nothing: liveness only, like a heartbeat
+                await self.store.touch_nodes({rec.name: rec.last_heartbeat})
+                return rec
             await self._save(rec, changed=bool(reasons))
             if reasons:
                 await self._announce(rec, "; ".join(reasons), prev=prev, cause=cause)

@@ -330,6 +330,12 @@ async def test_a_batch_of_heartbeats_writes_liveness_once_and_records_only_for_c
     assert (await inv.store.get_node("d00-n01")).last_heartbeat == clock.t  # type: ignore[union-attr]
     assert [c.node for c in await inv.check_once(clock.t + limit - 0.1)] == ["d00-n02"]
 
+    # the periodic re-registration of an unchanged node is liveness only, too
+    clock.t += 0.1
+    await inv.register(register_msg("d00-n01"))
+    assert await inv.store.r.get(h.names.node_key("d00-n01")) == raw_n01
+    assert await h.redis.zscore(h.names.heartbeats_key, "d00-n01") == clock.t
+
 
 async def test_gpu_health_from_heartbeats(harness: Harness) -> None:
     h, clock = harness, FakeClock()
