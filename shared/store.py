@@ -65,6 +65,13 @@ return {'ok'}
 """
 
 # KEYS: alloc:{job}, allocs, gpus:{node_1..n}; ARGV: job_id, n, gpu lists. Frees only GPUs the job owns.
+# Take or renew a leader lease in one step (a GET then PEXPIRE could renew a lease another replica just took).
+LEASE_LUA = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+return 0
+"""
+
 RELEASE_LUA = """
 local n = tonumber(ARGV[2])
 for i = 1, n do
@@ -97,6 +104,7 @@ class Store:
         self.names = names
         self._commit = client.register_script(COMMIT_LUA)
         self._release = client.register_script(RELEASE_LUA)
+        self._lease = client.register_script(LEASE_LUA)
 
     @classmethod
     def from_url(cls, url: str, names: Names) -> Store:
@@ -166,6 +174,10 @@ class Store:
 
     async def delete_health_state(self, name: str) -> None:
         await self.r.delete(self.names.health_state_key(name))
+
+    async def hold_lease(self, key: str, holder: str, ttl_s: float) -> bool:
+        """Take the lease at `key` (free or expired) or renew it (held by `holder`); False while another holds it."""
+        return bool(await self._lease(keys=[key], args=[holder, int(ttl_s * 1000)]))
 
     async def topology_generation(self) -> int:
         return int(await self.r.get(self.names.topo_gen_key) or 0)

@@ -267,15 +267,7 @@ class MigrationService(Service):
                 log.exception("migration planning failed; next round on the timer")
 
     async def _lead(self) -> bool:
-        r, key = self.store.r, self.names.migration_leader_key
-        ms = int(LEASE_S * 1000)
-        if await r.set(key, self.instance, nx=True, px=ms):
-            return True
-        holder = await r.get(key)
-        if holder is not None and holder.decode() == self.instance:
-            await r.pexpire(key, ms)
-            return True
-        return False
+        return await self.store.hold_lease(self.names.migration_leader_key, self.instance, LEASE_S)
 
     async def run_once(self) -> None:
         """Reconcile the moves under way; evacuate when GPU health changed (or on the period while GPUs stay

@@ -361,15 +361,7 @@ class QueueService(Service):
 
     async def _lead(self) -> bool:
         """Hold (or take) the leader lease: one queue replica runs cycles at a time."""
-        r, key = self.store.r, self.names.queue_leader_key
-        ms = int(LEASE_S * 1000)
-        if await r.set(key, self.instance, nx=True, px=ms):
-            return True
-        holder = await r.get(key)
-        if holder is not None and holder.decode() == self.instance:
-            await r.pexpire(key, ms)
-            return True
-        return False
+        return await self.store.hold_lease(self.names.queue_leader_key, self.instance, LEASE_S)
 
     async def _topology(self) -> tuple[Any, Any] | None:
         """The core's topology and health from inventory's records; None until a node registers."""

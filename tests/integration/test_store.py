@@ -51,3 +51,21 @@ async def test_commit_refuses_taken_gpus_and_unusable_nodes(redis_url: str, name
     finally:
         await store.r.delete(*[k async for k in store.r.scan_iter(store.names.key_pattern)])
         await store.close()
+
+
+async def test_a_leader_lease_has_one_holder_and_passes_on_when_it_lapses(redis_url: str, namespace: str) -> None:
+    store = await _store(redis_url, namespace)
+    key = store.names.queue_leader_key
+    try:
+        assert await store.hold_lease(key, "a", 5.0)
+        assert not await store.hold_lease(key, "b", 5.0)  # a holds it
+        await store.r.pexpire(key, 100_000)
+        assert await store.hold_lease(key, "a", 5.0)  # renewed by its holder, to the lease's length
+        assert 0 < await store.r.pttl(key) <= 5_000
+        await store.r.delete(key)  # a's lease lapsed
+        assert await store.hold_lease(key, "b", 5.0)
+        assert not await store.hold_lease(key, "a", 5.0)
+        assert await store.r.get(key) == b"b"
+    finally:
+        await store.r.delete(*[k async for k in store.r.scan_iter(store.names.key_pattern)])
+        await store.close()
