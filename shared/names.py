@@ -6,7 +6,7 @@ script can touch any of them atomically, also on Redis Cluster.
 
 Who writes what (one writer per Redis key family):
   inventory  node:*, nodestate:*, healthstate:*, nodes, heartbeats, topo:gen      placement  gpus:*, alloc:*, allocs
-  queue      job:*, jobs, jobs:active, queue:leader   migration  migration:*, migrations
+  queue      job:*, jobs, jobs:active, jobs:undecided, queue:leader   migration  migration:*, migrations
 """
 
 from __future__ import annotations
@@ -173,6 +173,10 @@ class Names:
     @property
     def active_jobs_key(self) -> str:
         return self._key("jobs:active")  # set: ids of jobs not yet terminal
+
+    @property
+    def undecided_jobs_key(self) -> str:
+        return self._key("jobs:undecided")  # set: ids of pending jobs with no order in flight (a cycle's work)
 
     def gpus_key(self, node: str) -> str:
         return self._key(f"gpus:{node}")  # hash: GPU index → job id

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import WatchError
 
 from shared.names import Names
@@ -189,10 +190,7 @@ class Store:
             p.set(n.job_key(rec.id), encode(rec))
             if new:
                 p.zadd(n.jobs_key, {rec.id: rec.submitted_at}, nx=True)
-            if rec.state in TERMINAL:
-                p.srem(n.active_jobs_key, rec.id)
-            else:
-                p.sadd(n.active_jobs_key, rec.id)
+            _index_job(p, n, rec)
             await p.execute()
 
     async def update_job(
@@ -218,10 +216,7 @@ class Store:
                         return JOB_RECORD.decode(raw), False
                     p.multi()
                     p.set(key, encode(new))
-                    if new.state in TERMINAL:
-                        p.srem(self.names.active_jobs_key, job_id)
-                    else:
-                        p.sadd(self.names.active_jobs_key, job_id)
+                    _index_job(p, self.names, new)
                     await p.execute()
                     return new, True
                 except WatchError:
@@ -237,6 +232,10 @@ class Store:
             return []
         raws = await self.r.mget([self.names.job_key(i) for i in ids])
         return [JOB_RECORD.decode(raw) for raw in raws if raw]
+
+    async def has_undecided_jobs(self) -> bool:
+        """Whether some pending job waits for a decision (none has an order in flight): one SCARD."""
+        return bool(await self.r.scard(self.names.undecided_jobs_key))
 
     async def active_jobs(self) -> list[JobRecord]:
         ids = sorted(m.decode() for m in await self.r.smembers(self.names.active_jobs_key))
@@ -333,6 +332,18 @@ class Store:
                         out.append(rec)
                     matched += 1
         return out, matched
+
+
+def _index_job(p: Pipeline, n: Names, rec: JobRecord) -> None:
+    """The job's membership of the active and undecided sets, in the same transaction as its record."""
+    if rec.state in TERMINAL:
+        p.srem(n.active_jobs_key, rec.id)
+    else:
+        p.sadd(n.active_jobs_key, rec.id)
+    if rec.state is JobState.PENDING and rec.inflight_since is None:
+        p.sadd(n.undecided_jobs_key, rec.id)
+    else:
+        p.srem(n.undecided_jobs_key, rec.id)
 
 
 def node_gpus(pairs: Iterable[tuple[str, Iterable[int]]]) -> list[NodeGpus]:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from shared.names import Names
-from shared.schemas import AllocationRecord, NodeGpus, NodeRecord
+from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, NodeRecord
 from shared.store import Store
 
 pytestmark = pytest.mark.asyncio
@@ -66,6 +67,31 @@ async def test_a_leader_lease_has_one_holder_and_passes_on_when_it_lapses(redis_
         assert await store.hold_lease(key, "b", 5.0)
         assert not await store.hold_lease(key, "a", 5.0)
         assert await store.r.get(key) == b"b"
+    finally:
+        await store.r.delete(*[k async for k in store.r.scan_iter(store.names.key_pattern)])
+        await store.close()
+
+
+async def test_the_undecided_set_follows_each_job_write(redis_url: str, namespace: str) -> None:
+    store = await _store(redis_url, namespace)
+    n = store.names
+
+    async def undecided() -> set[str]:
+        return {m.decode() for m in await store.r.smembers(n.undecided_jobs_key)}
+
+    try:
+        assert not await store.has_undecided_jobs()
+        await store.put_job(JobRecord(id="a", spec=JobBody(name="a", tenant="t", gpus=4)), new=True)
+        await store.put_job(JobRecord(id="b", spec=JobBody(name="b", tenant="t", gpus=4)), new=True)
+        assert await store.has_undecided_jobs() and await undecided() == {"a", "b"}
+        await store.update_job("a", lambda r: msgspec.structs.replace(r, inflight_since=1.0))  # ordered
+        assert await undecided() == {"b"}
+        await store.update_job("a", lambda r: msgspec.structs.replace(r, inflight_since=None))  # rejected: back
+        assert await undecided() == {"a", "b"}
+        await store.update_job("a", lambda r: msgspec.structs.replace(r, state=JobState.RUNNING))
+        await store.update_job("b", lambda r: msgspec.structs.replace(r, state=JobState.CANCELLED))
+        assert not await store.has_undecided_jobs()
+        assert {m.decode() for m in await store.r.smembers(n.active_jobs_key)} == {"a"}
     finally:
         await store.r.delete(*[k async for k in store.r.scan_iter(store.names.key_pattern)])
         await store.close()
