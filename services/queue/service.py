@@ -29,7 +29,7 @@ from typing import Any
 import msgspec
 
 from shared.bus import Retry
-from shared.core import Allocate, ClusterState, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
+from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
 from shared.runtime import Deps, Service
 from shared.schemas import (
     EVENTS,
@@ -396,8 +396,8 @@ class QueueService(Service):
         known = await self._topology()
         if known is None:
             return  # no GPU node has registered yet: jobs keep waiting with their intake reason
-        topo, health = known
-        state = ClusterState(topo, health)
+        topo = known[0]
+        state = self._topo.empty_state()
         held = occupy_held(state, await self.store.allocations(), jobs, now)
         pending: list[JobSpec] = []
         for rec in jobs.values():

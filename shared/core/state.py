@@ -109,6 +109,22 @@ class ClusterState:
             if self.usable[node]:
                 self._count(node, -1, self.nfree[node])
 
+    def copy(self) -> ClusterState:
+        """An independent copy. Building a state from the topology costs milliseconds at 64 domains (the
+        counts); copying a prepared empty one per topology generation costs a fraction of that."""
+        other = ClusterState.__new__(ClusterState)
+        other.topo = self.topo
+        other.full = self.full[:]
+        other.degraded = self.degraded[:]
+        other.usable = self.usable[:]
+        other.degraded_in = [dict(row) for row in self.degraded_in]
+        other.free = self.free[:]
+        other.nfree = self.nfree[:]
+        other.node_jobs = [dict(jobs) for jobs in self.node_jobs]
+        other.allocs = dict(self.allocs)
+        other.count = [[row[:] for row in level] for level in self.count]
+        return other
+
     # -- counts --------------------------------------------------------------------------------------
     def _count(self, node: int, old: int, new: int) -> None:
         """Move a node from nfree=old to nfree=new in every level's counts (-1: not counted)."""

@@ -326,3 +326,25 @@ def test_set_usable_rollback_keeps_health_state() -> None:
     st.discard()
     assert snapshot(state) == before
     state.check()
+
+
+def test_a_copy_is_equal_and_independent() -> None:
+    import random
+
+    from shared.core import ClusterState, GpuState, Health, NodeState
+
+    topo = fleet(2).topo
+    health = Health({topo.node_names[5]: NodeState.DOWN}, {(topo.node_names[7], 2): GpuState.DEGRADED})
+    base = ClusterState(topo, health)
+    copy = base.copy()
+    for name in ClusterState.__slots__:
+        assert getattr(copy, name) == getattr(base, name), name
+    rng = random.Random(3)
+    for i in range(20):  # allocations on the copy leave the original as it was built
+        node = rng.choice([n for n in range(len(topo)) if copy.node_fits(n, 1, False)])
+        copy.allocate(Allocation(f"j{i}", (node,), (copy.free[node] & -copy.free[node],)))
+        copy.check()
+    fresh = ClusterState(topo, health)
+    for name in ClusterState.__slots__:
+        assert getattr(base, name) == getattr(fresh, name), name
+    assert copy.free != base.free and copy.allocs and not base.allocs
