@@ -279,21 +279,19 @@ class InventoryService(Service):
         now = self.now()
         prevs = await self.store.get_nodes([hb.node for hb in beats])
         out: dict[str, NodeRecord | None] = {}
-        alive: dict[str, float] = {}
+        changed: list[Heartbeat] = []
         for hb, prev in zip(beats, prevs, strict=True):
             if prev is None:
                 self.unknown_heartbeats += 1
                 log.debug("heartbeat from unregistered node %s: waiting for its registration", hb.node)
                 out[hb.node] = None
                 continue
-            alive[hb.node] = now
             out[hb.node] = msgspec.structs.replace(prev, last_heartbeat=now)
-        await self.store.touch_nodes(alive)
-        for hb, prev in zip(beats, prevs, strict=True):
-            if prev is None:
-                continue
             if prev.state == "down" or (hb.gpus and _agent_health(hb, prev) != prev.agent_health):
-                out[hb.node] = await self._heartbeat_change(hb, now)
+                changed.append(hb)
+        await self.store.touch_nodes({node: now for node, rec in out.items() if rec is not None})
+        for hb in changed:
+            out[hb.node] = await self._heartbeat_change(hb, now)
         return out
 
     async def _heartbeat_change(self, hb: Heartbeat, now: float) -> NodeRecord | None:
