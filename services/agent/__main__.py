@@ -13,10 +13,10 @@ from pathlib import Path
 
 from services.agent.backends import GpuBackend, NvmlUnavailableError, SimBackend, make_backend
 from services.agent.faults import FaultPlanError, faults_for, load_plan
-from services.agent.k8s_labels import NodeLabelsError, labelled, read_node_labels
+from services.agent.k8s_labels import NodeLabelsError, read_node_labels, with_fabric
 from services.agent.process import agent_deps, agent_settings
 from services.agent.service import AgentService
-from shared.core.topology_io import DEFAULT_DOMAIN_LABEL, LabelError
+from shared.core.topology_io import DEFAULT_DOMAIN_LABEL, LabelError, fabric_from_labels
 from shared.runtime import run, setup_logging
 from shared.settings import Settings
 
@@ -46,9 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
 async def _serve(settings: Settings, backend: GpuBackend, args: argparse.Namespace) -> None:
     relabel = None
     if args.topology == "k8s":
+        # read and checked once: a bad label stops the agent here, named
         labels = await read_node_labels(backend.node)
-        labelled(backend.describe(), labels, args.domain_label)  # a bad label stops the agent here, named
-        relabel = functools.partial(labelled, labels=labels, domain_label=args.domain_label)
+        fabric = fabric_from_labels(backend.node, labels, domain_label=args.domain_label)
+        relabel = functools.partial(with_fabric, fabric=fabric)
     deps = await agent_deps(settings, AgentService.name)
     agent = AgentService(
         deps,

@@ -68,5 +68,10 @@ def labelled(
     reg: AgentRegister, labels: dict[str, str], domain_label: str | None = DEFAULT_DOMAIN_LABEL
 ) -> AgentRegister:
     """The registration with domain, clique and leaf taken from the labels (LabelError names a bad one)."""
-    domain, clique, leaf = fabric_from_labels(reg.node, labels, domain_label=domain_label)
+    return with_fabric(reg, fabric_from_labels(reg.node, labels, domain_label=domain_label))
+
+
+def with_fabric(reg: AgentRegister, fabric: tuple[str, int, str | None]) -> AgentRegister:
+    """The registration with a (domain, clique id, leaf) read once from the labels."""
+    domain, clique, leaf = fabric
     return msgspec.structs.replace(reg, cluster_uuid=domain, clique_id=clique, leaf=leaf or reg.leaf)
