@@ -34,19 +34,13 @@ import aiohttp
 from services.stack import Stack, StackOptions
 from shared.schemas import Fault
 from shared.settings import Settings
+from tests.streams import wait_until
 
 STEPS = ("requested", "checkpointing", "restoring", "placed", "running")
 
 
 async def wait_for(probe: Any, what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+    return await wait_until(probe, what, timeout, poll_s=0.02)
 
 
 def summary(values: list[float]) -> dict[str, float]:
