@@ -132,14 +132,19 @@ def jobs(args: argparse.Namespace, client: Client, out: Out) -> int:
         ]
         for j in doc["jobs"]
     ]
-    if rows:
-        out(table(["ID", "NAME", "TENANT", "STATE", "GPUS", "DOMAINS", "AGE", "REASON"], rows))
-    shown = len(rows)
-    total = doc.get("total", shown)
+    headers = ["ID", "NAME", "TENANT", "STATE", "GPUS", "DOMAINS", "AGE", "REASON"]
+    return _page(out, doc, "jobs", headers, rows, "no jobs" + (" match" if args.tenant or args.state else ""))
+
+
+def _page(out: Out, doc: dict[str, Any], noun: str, headers: list[str], rows: list[list[str]], empty: str) -> int:
+    """One page of a listing: its table (or `empty`), and where the next page starts when there is one."""
     if not rows:
-        out("no jobs" + (" match" if args.tenant or args.state else ""))
-    elif total > shown:
-        out(f"{shown} of {total} jobs (--offset {doc.get('offset', 0) + shown} for more)")
+        out(empty)
+        return 0
+    out(table(headers, rows))
+    shown, total = len(rows), doc.get("total", len(rows))
+    if total > shown:
+        out(f"{shown} of {total} {noun} (--offset {doc.get('offset', 0) + shown} for more)")
     return 0
 
 
@@ -168,14 +173,8 @@ def migrations(args: argparse.Namespace, client: Client, out: Out) -> int:
         ]
         for m in doc["migrations"]
     ]
-    if rows:
-        out(table(["ID", "JOB", "KIND", "STATE", "FROM", "TO", "AGE", "TOOK", "WHY"], rows))
-    else:
-        out("no migrations")
-    shown, total = len(rows), doc.get("total", len(rows))
-    if total > shown:
-        out(f"{shown} of {total} migrations (--offset {doc.get('offset', 0) + shown} for more)")
-    return 0
+    headers = ["ID", "JOB", "KIND", "STATE", "FROM", "TO", "AGE", "TOOK", "WHY"]
+    return _page(out, doc, "migrations", headers, rows, "no migrations")
 
 
 def _gpu_list(gpus: Sequence[int]) -> str:
