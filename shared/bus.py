@@ -16,7 +16,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
@@ -35,6 +36,18 @@ T = TypeVar("T")
 Handler = Callable[[T, Mapping[str, str]], Awaitable[None]]
 
 DUPLICATE_WINDOW_S = 120.0
+RETRY_FIRST_S = 0.01  # first redelivery delay of a message whose handler raised Retry
+PUBLISH_TIMEOUT_S = 5.0  # for the acks of publish_all (nats-py's own default for one publish)
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One durable message for `Bus.publish_all`."""
+
+    subject: str
+    msg: msgspec.Struct
+    msg_id: str | None = None
+    headers: Mapping[str, str] | None = None
 
 
 class Retry(Exception):
@@ -95,6 +108,22 @@ class Bus:
         if msg_id:
             hdrs["Nats-Msg-Id"] = msg_id
         await self.js.publish(subject, encode(msg), headers=hdrs or None)
+
+    async def publish_all(self, messages: Sequence[Outgoing]) -> None:
+        """Durable publish of several messages for the wait of one: all go out in the given order, then every
+        ack is awaited. One connection's messages reach JetStream in the order sent, so messages to one
+        stream are stored in this order, as with one publish after the other."""
+        if len(messages) == 1:
+            m = messages[0]
+            await self.publish(m.subject, m.msg, msg_id=m.msg_id, headers=m.headers)
+            return
+        acks = []
+        for m in messages:
+            hdrs = dict(m.headers or {})
+            if m.msg_id:
+                hdrs["Nats-Msg-Id"] = m.msg_id
+            acks.append(await self.js.publish_async(m.subject, encode(m.msg), headers=hdrs or None))
+        await asyncio.wait_for(asyncio.gather(*acks), PUBLISH_TIMEOUT_S)
 
     async def publish_core(self, subject: str, msg: msgspec.Struct, headers: Mapping[str, str] | None = None) -> None:
         await self.nc.publish(subject, encode(msg), headers=dict(headers) if headers else None)
@@ -163,9 +192,13 @@ class Bus:
         try:
             await handler(obj, m.headers or {})
         except Retry as e:
+            # what it waits for is usually milliseconds behind: back off from 10 ms up to `delay`
+            tries = 1
+            with contextlib.suppress(Exception):
+                tries = max(1, m.metadata.num_delivered)
             log.debug("%s: not yet (%s); redelivering later", m.subject, e)
             with contextlib.suppress(Exception):
-                await m.nak(delay=delay)
+                await m.nak(delay=min(delay, RETRY_FIRST_S * 2 ** (tries - 1)))
             return
         except Exception:
             log.exception("handler for %s failed; will retry", m.subject)

@@ -112,6 +112,11 @@ class TopologyView:
             self._cache = (gen, topology_from_records(records, generation=gen) if records else None)
         return self._cache[1]
 
+    def last(self) -> tuple[Any, Any] | None:
+        """What `get` returned last, without asking the store whether it is current (for lookups that may lag
+        a topology change, such as which domain a node is in)."""
+        return self._cache[1] if self._cache is not None else None
+
     def empty_state(self) -> ClusterState:
         """A fresh ClusterState of the view `get` last returned (no allocations): a copy of one built once
         per generation, since building one costs milliseconds at 64 domains."""

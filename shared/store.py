@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
-from redis.exceptions import WatchError
 
 from shared.names import Names
 from shared.schemas import (
@@ -65,6 +64,20 @@ redis.call('SADD', KEYS[2], ARGV[1])
 return {'ok'}
 """
 
+# Compare-and-set of one job record with its index sets, one round trip (WATCH/GET/MULTI took three).
+# KEYS: job:{id}, jobs:active, jobs:undecided, jobs; ARGV: the record the caller decided on ('' = none may exist
+# yet), the new record, job id, in active (0/1), in undecided (0/1), submit score (only for a new job: ZADD NX).
+# Returns {1} when written, else {0, the stored record or false}.
+JOB_CAS_LUA = """
+local cur = redis.call('GET', KEYS[1])
+if (cur or '') ~= ARGV[1] then return {0, cur} end
+redis.call('SET', KEYS[1], ARGV[2])
+if ARGV[4] == '1' then redis.call('SADD', KEYS[2], ARGV[3]) else redis.call('SREM', KEYS[2], ARGV[3]) end
+if ARGV[5] == '1' then redis.call('SADD', KEYS[3], ARGV[3]) else redis.call('SREM', KEYS[3], ARGV[3]) end
+if ARGV[6] ~= '' then redis.call('ZADD', KEYS[4], 'NX', ARGV[6], ARGV[3]) end
+return {1}
+"""
+
 # KEYS: alloc:{job}, allocs, gpus:{node_1..n}; ARGV: job_id, n, gpu lists. Frees only GPUs the job owns.
 # Take or renew a leader lease in one step (a GET then PEXPIRE could renew a lease another replica just took).
 LEASE_LUA = """
@@ -106,6 +119,11 @@ class Store:
         self._commit = client.register_script(COMMIT_LUA)
         self._release = client.register_script(RELEASE_LUA)
         self._lease = client.register_script(LEASE_LUA)
+        self._job_cas = client.register_script(JOB_CAS_LUA)
+        # The last record this store read or wrote for each active job: the job's writer (the queue) decides on
+        # it and the CAS checks it is still current, so an update is one round trip unless another replica
+        # wrote in between. Terminal jobs leave it, so it holds the active jobs at most.
+        self._jobs_seen: dict[str, bytes] = {}
 
     @classmethod
     def from_url(cls, url: str, names: Names) -> Store:
@@ -192,35 +210,87 @@ class Store:
                 p.zadd(n.jobs_key, {rec.id: rec.submitted_at}, nx=True)
             _index_job(p, n, rec)
             await p.execute()
+        self._seen(rec.id, encode(rec), rec.state)
+
+    async def create_job(self, rec: JobRecord) -> tuple[JobRecord, bool]:
+        """Store a new job unless its id exists (a redelivered submission); returns the stored record and
+        whether this call created it. One round trip either way."""
+        data = encode(rec)
+        ok, current = await self._cas_job(rec.id, b"", data, rec, score=rec.submitted_at)
+        if ok:
+            return rec, True
+        assert current is not None  # '' was expected, so the CAS only fails when a record exists
+        stored = JOB_RECORD.decode(current)
+        self._seen(rec.id, current, stored.state)
+        return stored, False
 
     async def update_job(
         self, job_id: str, change: Callable[[JobRecord], JobRecord | None]
     ) -> tuple[JobRecord | None, bool]:
-        """Read-modify-write one job atomically (WATCH/MULTI, retried on a concurrent write).
+        """Read-modify-write one job atomically: `change` decides on the record last seen here and a CAS
+        script writes the result only if that record is still the stored one, else `change` runs again on
+        the stored one.
 
         `change` gets the current record and returns the new one, or None for "no change". Returns the
-        record as stored afterwards and whether it changed; (None, False) when the job doesn't exist.
+        record as stored afterwards and whether it changed; (None, False) when the job doesn't exist. A
+        "no change" or an exception decided on a remembered record is checked against the store first.
         """
         key = self.names.job_key(job_id)
-        async with self.r.pipeline(transaction=True) as p:
-            while True:
-                try:
-                    await p.watch(key)
-                    raw = await p.get(key)
-                    if raw is None:
-                        await p.unwatch()
-                        return None, False
-                    new = change(JOB_RECORD.decode(raw))
-                    if new is None:
-                        await p.unwatch()
-                        return JOB_RECORD.decode(raw), False
-                    p.multi()
-                    p.set(key, encode(new))
-                    _index_job(p, self.names, new)
-                    await p.execute()
-                    return new, True
-                except WatchError:
+        raw = self._jobs_seen.get(job_id)
+        remembered = raw is not None
+        if raw is None:
+            raw = await self.r.get(key)
+        while True:
+            if raw is None:
+                self._jobs_seen.pop(job_id, None)
+                return None, False
+            try:
+                new = change(JOB_RECORD.decode(raw))
+            except Exception:
+                if remembered and (fresh := await self.r.get(key)) != raw:
+                    raw, remembered = fresh, False
                     continue
+                raise
+            if new is None:
+                if remembered and (fresh := await self.r.get(key)) != raw:
+                    raw, remembered = fresh, False
+                    continue
+                stored = JOB_RECORD.decode(raw)
+                self._seen(job_id, raw, stored.state)
+                return stored, False
+            data = encode(new)
+            ok, current = await self._cas_job(job_id, raw, data, new)
+            if ok:
+                return new, True
+            raw, remembered = current, False
+
+    async def _cas_job(
+        self, job_id: str, expected: bytes, data: bytes, new: JobRecord, score: float | None = None
+    ) -> tuple[bool, bytes | None]:
+        n = self.names
+        active = new.state not in TERMINAL
+        undecided = new.state is JobState.PENDING and new.inflight_since is None
+        keys = [n.job_key(job_id), n.active_jobs_key, n.undecided_jobs_key, n.jobs_key]
+        args = [expected, data, job_id, int(active), int(undecided), "" if score is None else repr(score)]
+        res = await self._job_cas(keys=keys, args=args)
+        if res[0] == 1:
+            self._seen(job_id, data, new.state)
+            return True, None
+        current = res[1] if len(res) > 1 and res[1] else None
+        if current is None:
+            self._jobs_seen.pop(job_id, None)
+        return False, current
+
+    def _seen(self, job_id: str, data: bytes, state: JobState | None) -> None:
+        if state in TERMINAL:
+            self._jobs_seen.pop(job_id, None)
+        else:
+            self._jobs_seen[job_id] = data
+
+    def remembered_job(self, job_id: str) -> JobRecord | None:
+        """The record this store last read or wrote for an active job, without a round trip: may be stale."""
+        raw = self._jobs_seen.get(job_id)
+        return JOB_RECORD.decode(raw) if raw is not None else None
 
     async def get_job(self, job_id: str) -> JobRecord | None:
         raw = await self.r.get(self.names.job_key(job_id))

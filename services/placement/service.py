@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from shared.bus import Outgoing
 from shared.runtime import Deps, Service
 from shared.schemas import (
     ORDERS,
@@ -81,15 +82,18 @@ class PlacementService(Service):
             return
         if not result.duplicate:
             self.commits += 1
-        # a redelivered order re-sends the same commands: agents and the queue dedupe by msg id
-        held = await self.store.allocation(order.job_id)
-        nodes = held.nodes if held is not None else order.nodes
-        await self.bus.publish(
-            self.names.placement_events,
-            Committed(job_id=order.job_id, attempt=order.attempt, nodes=nodes, at=self.now()),
-            msg_id=f"{key}:committed",
-            headers=headers,
-        )
+            nodes = order.nodes
+        else:  # a redelivered order re-sends the same messages: agents and the queue dedupe by msg id
+            held = await self.store.allocation(order.job_id)
+            nodes = held.nodes if held is not None else order.nodes
+        out = [
+            Outgoing(
+                self.names.placement_events,
+                Committed(job_id=order.job_id, attempt=order.attempt, nodes=nodes, at=self.now()),
+                f"{key}:committed",
+                headers,
+            )
+        ]
         for rank, ng in enumerate(nodes):
             cmd = StartRank(
                 job_id=order.job_id,
@@ -103,7 +107,8 @@ class PlacementService(Service):
                 duration_s=order.duration_s,
                 restore=order.restore,
             )
-            await self.bus.publish(self.names.agent_cmd(ng.node), cmd, msg_id=f"{key}:start:{rank}", headers=headers)
+            out.append(Outgoing(self.names.agent_cmd(ng.node), cmd, f"{key}:start:{rank}", headers))
+        await self.bus.publish_all(out)
 
     async def checkpoint(self, order: CheckpointOrder, headers: Mapping[str, str]) -> None:
         """A move's first step: the ranks checkpoint and stop; the GPUs stay held until the queue releases them
@@ -128,6 +133,7 @@ class PlacementService(Service):
     async def _release(self, order: ReleaseOrder, headers: Mapping[str, str]) -> None:
         held = await self.store.allocation(order.job_id)
         await self.store.release(order.job_id)
+        out: list[Outgoing] = []
         if held is not None:
             key = f"{order.job_id}:{held.attempt}"
             for ng in held.nodes:
@@ -138,11 +144,8 @@ class PlacementService(Service):
                     checkpoint=order.checkpoint,
                     attempt=held.attempt,
                 )
-                subject = self.names.agent_cmd(ng.node)
-                await self.bus.publish(subject, stop, msg_id=f"{key}:stop:{ng.node}", headers=headers)
-        await self.bus.publish(
-            self.names.placement_events,
-            Released(job_id=order.job_id, reason=order.reason, at=self.now()),
-            msg_id=f"{order.job_id}:{held.attempt if held else 'none'}:released",
-            headers=headers,
-        )
+                out.append(Outgoing(self.names.agent_cmd(ng.node), stop, f"{key}:stop:{ng.node}", headers))
+        released = Released(job_id=order.job_id, reason=order.reason, at=self.now())
+        attempt = held.attempt if held else "none"
+        out.append(Outgoing(self.names.placement_events, released, f"{order.job_id}:{attempt}:released", headers))
+        await self.bus.publish_all(out)

@@ -23,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
-from shared.bus import Retry
+from shared.bus import Outgoing, Retry
 from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
 from shared.runtime import Deps, Service
 from shared.schemas import (
@@ -61,6 +62,7 @@ log = logging.getLogger("rackscale.queue")
 
 INFLIGHT_TIMEOUT_S = 15.0  # an order with no answer this long is decided again (with a new attempt)
 LEASE_S = 5.0
+ANNOUNCED_KEPT = 10_000  # placed events remembered as published (so the running event needn't repeat them)
 HOLDING = (JobState.PLACED, JobState.RUNNING, JobState.MIGRATING)  # states whose allocation is the job's own
 __all__ = ["UNPREEMPTIBLE", "QueueService", "job_spec", "occupy"]
 
@@ -88,6 +90,8 @@ class QueueService(Service):
         self.instance = uuid.uuid4().hex[:12]
         self.cycles = 0
         self._topo = TopologyView(deps.store)
+        # attempts whose placed event this process has published (acked): their running event needn't repeat it
+        self._announced: OrderedDict[tuple[str, int], None] = OrderedDict()
 
     async def start(self) -> None:
         n, stop = self.names, self.stop_event
@@ -109,8 +113,8 @@ class QueueService(Service):
         self.kick.set()
 
     # -- events out ----------------------------------------------------------------------------------------
-    async def emit(self, rec: JobRecord, headers: Mapping[str, str] | None = None) -> None:
-        """Publish the record's current state; msg-id dedup makes repeats (redeliveries) harmless."""
+    def event(self, rec: JobRecord, headers: Mapping[str, str] | None = None) -> Outgoing:
+        """The record's current state as its JobEvent; msg-id dedup makes repeats (redeliveries) harmless."""
         event = JobEvent(
             job_id=rec.id,
             state=rec.state,
@@ -123,9 +127,11 @@ class QueueService(Service):
         hdrs = dict(headers or {})
         if rec.trace and "traceparent" not in hdrs:
             hdrs["traceparent"] = rec.trace
-        await self.bus.publish(
-            self.names.job_event(rec.id), event, msg_id=f"{rec.id}:{rec.state}:{rec.attempt}", headers=hdrs
-        )
+        return Outgoing(self.names.job_event(rec.id), event, f"{rec.id}:{rec.state}:{rec.attempt}", hdrs)
+
+    async def emit(self, rec: JobRecord, headers: Mapping[str, str] | None = None) -> None:
+        """Publish the record's current state."""
+        await self.bus.publish_all([self.event(rec, headers)])
 
     async def release(self, rec: JobRecord, reason: str, checkpoint: bool = False) -> None:
         await self.bus.publish(
@@ -149,22 +155,21 @@ class QueueService(Service):
             await self.on_move_abort(msg)
 
     async def on_submit(self, msg: JobSubmitted, headers: Mapping[str, str]) -> None:
-        existing = await self.store.get_job(msg.job_id)
-        if existing is None:
-            now = self.now()
-            rec = JobRecord(
-                id=msg.job_id,
-                spec=msg.spec,
-                state=JobState.PENDING,
-                reason="waiting for the next scheduling cycle",
-                submitted_at=msg.submitted_at,
-                updated_at=now,
-                trace=headers.get("traceparent", ""),
-            )
-            await self.store.put_job(rec, new=True)
-            existing = rec
-        await self.emit(existing, headers)  # also on redelivery: the event may not have gone out
+        rec = JobRecord(
+            id=msg.job_id,
+            spec=msg.spec,
+            state=JobState.PENDING,
+            reason="waiting for the next scheduling cycle",
+            submitted_at=msg.submitted_at,
+            updated_at=self.now(),
+            trace=headers.get("traceparent", ""),
+        )
+        stored, _ = await self.store.create_job(rec)  # a redelivery finds the job stored: nothing changes
+        # The event goes out also on redelivery (it may not have gone out). Its PUB is on the wire before the
+        # kicked cycle runs, so it precedes every later event of the job; the cycle needn't wait for its ack.
+        emitted = asyncio.create_task(self.emit(stored, headers))
         self.kick.set()
+        await emitted
 
     async def on_cancel(self, msg: JobCancel) -> None:
         now = self.now()
@@ -209,6 +214,9 @@ class QueueService(Service):
         domains = await self._domains([ng.node for ng in ev.nodes])
 
         def placed(rec: JobRecord) -> JobRecord | None:
+            if rec.state in (JobState.PLACED, JobState.RUNNING) and rec.attempt == ev.attempt and not rec.domains:
+                rec.domains = domains  # a rank's start adopted the commit before this event came
+                return rec if domains else None
             if rec.state is not JobState.PENDING:
                 return None
             # adopt the commit even for an older attempt: its order went through after a timeout
@@ -230,7 +238,15 @@ class QueueService(Service):
             )
             return
         if rec.state in (JobState.PLACED, JobState.RUNNING):
-            await self.emit(rec, headers)
+            # the placed event, also on redelivery (it may not have gone out); a running job's own event is
+            # on_started's (msg ids dedupe the repeat)
+            await self.emit(msgspec.structs.replace(rec, state=JobState.PLACED), headers)
+            self._announce((rec.id, rec.attempt))
+
+    def _announce(self, key: tuple[str, int]) -> None:
+        self._announced[key] = None
+        while len(self._announced) > ANNOUNCED_KEPT:
+            self._announced.popitem(last=False)
 
     async def on_rejected(self, ev: Rejected) -> None:
         now = self.now()
@@ -247,21 +263,49 @@ class QueueService(Service):
 
     async def on_started(self, ev: RankStarted) -> None:
         now = self.now()
+        domains: list[str] = []
+        adopted: list[bool] = []
 
         def started(rec: JobRecord) -> JobRecord | None:
+            adopted.clear()
+            if rec.state is JobState.PENDING and rec.inflight_since is not None and rec.attempt == ev.attempt:
+                # The agents start a rank only after placement committed this attempt, at the order's nodes:
+                # the Committed event is still on its way (another consumer). Adopt the commit now.
+                rec.state, rec.reason, rec.updated_at, rec.inflight_since = JobState.PLACED, "", now, None
+                rec.domains, rec.started_ranks, rec.exit_codes = list(domains), [], {}
+                adopted.append(True)
             _not_before_commit(rec, ev.attempt)
             if rec.attempt != ev.attempt or rec.state not in (JobState.PLACED, JobState.RUNNING):
                 return None
             if ev.rank in rec.started_ranks:
-                return None
+                return rec if adopted else None
             rec.started_ranks = sorted([*rec.started_ranks, ev.rank])
             if len(rec.started_ranks) == len(rec.allocation) and rec.state is JobState.PLACED:
                 rec.state, rec.started_at, rec.updated_at = JobState.RUNNING, now, now
             return rec
 
-        rec, _changed = await self.store.update_job(ev.job_id, started)
-        if rec is not None and rec.state is JobState.RUNNING and rec.attempt == ev.attempt:
-            await self.emit(rec)
+        cached = self.store.remembered_job(ev.job_id)
+        if cached is not None and cached.state is JobState.PENDING:
+            domains = await self._domains([ng.node for ng in cached.allocation])
+        rec, changed = await self.store.update_job(ev.job_id, started)
+        if rec is None or rec.attempt != ev.attempt or not changed:
+            return
+        if rec.state is not JobState.RUNNING and not adopted:
+            return
+        key = (rec.id, rec.attempt)
+        out = [self.event(rec)] if rec.state is JobState.RUNNING else []
+        if key not in self._announced:
+            # The placed event goes first unless this process saw it acked: the commit may have been handled
+            # by another replica, by a process that crashed before publishing it, or not yet (its handler
+            # wrote PLACED and is about to publish). The stream's msg-id dedup drops the repeat. Both PUBs
+            # leave in order on one connection, so the log keeps the order without waiting twice.
+            out.insert(0, self.event(msgspec.structs.replace(rec, state=JobState.PLACED)))
+        if out:
+            await self.bus.publish_all(out)
+        if rec.state is JobState.RUNNING:
+            self._announced.pop(key, None)
+        else:
+            self._announce(key)
 
     async def on_exited(self, ev: RankExited) -> None:
         if ev.checkpointed:
@@ -370,7 +414,7 @@ class QueueService(Service):
         return await self._topo.get()
 
     async def _domains(self, nodes: list[str]) -> list[str]:
-        known = await self._topology()
+        known = self._topo.last() or await self._topology()  # node → domain: a lagging view is fine here
         if known is None:
             return []
         topo = known[0]

@@ -95,3 +95,41 @@ async def test_the_undecided_set_follows_each_job_write(redis_url: str, namespac
     finally:
         await store.r.delete(*[k async for k in store.r.scan_iter(store.names.key_pattern)])
         await store.close()
+
+
+async def test_job_writes_from_two_stores_never_lose_each_other(redis_url: str, namespace: str) -> None:
+    """Each store decides on the record it saw last; the CAS catches the other's write in between."""
+    a = await _store(redis_url, namespace)
+    b = Store.from_url(redis_url, a.names)
+    job = JobRecord(id="j", spec=JobBody(name="j", tenant="t", gpus=4), reason="r0")
+    try:
+        stored, created = await a.create_job(job)
+        assert created and stored == job
+        again, created = await b.create_job(msgspec.structs.replace(job, reason="redelivered"))
+        assert not created and again.reason == "r0"  # the first submission wins; the stored one comes back
+        seen: list[str] = []
+
+        def append(tag: str):  # noqa: ANN202
+            def change(r: JobRecord) -> JobRecord:
+                seen.append(r.reason)
+                return msgspec.structs.replace(r, reason=r.reason + tag)
+
+            return change
+
+        await a.update_job("j", append("+a"))  # a remembers "r0+a"
+        await b.update_job("j", append("+b"))  # b decides on "r0" (its create saw it), the CAS sends it to "r0+a"
+        rec, changed = await a.update_job("j", append("+a2"))  # a's memory is stale: decided again on the store
+        assert changed and rec is not None and rec.reason == "r0+a+b+a2"
+        assert seen == ["r0", "r0", "r0+a", "r0+a", "r0+a+b"]
+        await b.update_job("j", append("+b2"))
+        # "no change" decided on a stale memory is checked against the store
+        rec, changed = await a.update_job("j", lambda r: None if r.reason.endswith("+b2") else r)
+        assert not changed and rec is not None and rec.reason.endswith("+b2")
+        assert (await a.get_job("j")) == rec
+        await b.r.delete(b.names.job_key("j"))  # gone under a's memory
+        assert await a.update_job("j", append("+x")) == (None, False)
+        assert await a.get_job("j") is None
+    finally:
+        await a.r.delete(*[k async for k in a.r.scan_iter(a.names.key_pattern)])
+        await a.close()
+        await b.close()
