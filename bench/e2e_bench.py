@@ -78,6 +78,8 @@ class BenchConfig:
     # they would be deployed (agents on their own nodes)
     agents_process: bool = False
     services_process: bool = False
+    # services run as child processes besides those (--process inventory,migration); the gateway stays here
+    processes: tuple[str, ...] = ()
 
 
 def small_job(rng: random.Random, tenant: str, i: int) -> dict[str, Any]:
@@ -412,13 +414,15 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
     settings = Settings(prefix=prefix, gateway_port=0, heartbeat_s=cfg.heartbeat_s, log_level="WARNING")
     # the gateway stays here: the bench needs its port, which a child picks on its own
     in_process = ("gateway",) if cfg.services_process else StackOptions.in_process
+    in_process = tuple(n for n in in_process if n not in cfg.processes)
+    migration_process = cfg.services_process or "migration" in cfg.processes
     stack = Stack(
         StackOptions(
             domains=cfg.domains,
             settings=settings,
             agents=not cfg.agents_process,
             in_process=in_process,
-            migration="process" if cfg.services_process else "in_process",
+            migration="process" if migration_process else "in_process",
         )
     )
     t0 = time.perf_counter()
@@ -498,7 +502,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--services-process", action="store_true", help="run every service but the gateway as a child process"
     )
+    p.add_argument(
+        "--process",
+        default="",
+        metavar="NAMES",
+        help="services to run as child processes, comma-separated (inventory, queue, placement, migration)",
+    )
     a = p.parse_args(argv)
+    processes = tuple(x.strip() for x in a.process.split(",") if x.strip())
+    unknown = set(processes) - {"inventory", "queue", "placement", "migration"}
+    if unknown:
+        p.error(f"--process: unknown service(s) {', '.join(sorted(unknown))}")
     cfg = BenchConfig(
         domains=a.domains,
         heartbeat_s=a.heartbeat,
@@ -512,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         profile=a.profile,
         agents_process=a.agents_process,
         services_process=a.services_process,
+        processes=processes,
     )
     import logging
 

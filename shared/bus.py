@@ -50,6 +50,17 @@ class Outgoing:
     headers: Mapping[str, str] | None = None
 
 
+_UNDECODABLE = object()
+
+
+def _lane(key: Callable[[Any], str], obj: Any) -> str:
+    """The message's ordering key; one without (an unexpected type) shares the lane of the keyless."""
+    try:
+        return key(obj)
+    except Exception:
+        return ""
+
+
 class Retry(Exception):
     """Raised by a handler for a message that arrived before what it depends on: redeliver it later."""
 
@@ -154,8 +165,13 @@ class Bus:
         ack_wait_s: float = 30.0,
         retry_delay_s: float = 0.5,
         ready: asyncio.Event | None = None,
+        key: Callable[[Any], str] | None = None,
     ) -> None:
-        """Run a durable pull consumer until `stop` is set."""
+        """Run a durable pull consumer until `stop` is set.
+
+        Without `key` a fetched batch is handled one message after the other. With it, messages of different
+        keys (say, job ids) are handled concurrently and those of one key in stream order: a handler's round
+        trips overlap with other jobs' instead of queueing behind them."""
         stream = self.names.stream_for(subject)
         config = ConsumerConfig(
             durable_name=durable,
@@ -178,17 +194,37 @@ class Bus:
                 log.exception("fetch on %s failed; retrying", subject)
                 await asyncio.sleep(retry_delay_s)
                 continue
+            if key is None or len(msgs) == 1:
+                for m in msgs:
+                    await self._handle(m, decoder, handler, retry_delay_s)
+                continue
+            lanes: dict[str, list[tuple[Msg, Any]]] = {}
             for m in msgs:
-                await self._handle(m, decoder, handler, retry_delay_s)
+                obj = await self._decode(m, decoder)
+                if obj is not _UNDECODABLE:
+                    lanes.setdefault(_lane(key, obj), []).append((m, obj))
+            await asyncio.gather(*(self._lane(lane, handler, retry_delay_s) for lane in lanes.values()))
 
-    async def _handle(self, m: Msg, decoder: msgspec.msgpack.Decoder[Any], handler: Handler[Any], delay: float) -> None:
+    async def _lane(self, lane: list[tuple[Msg, Any]], handler: Handler[Any], delay: float) -> None:
+        for m, obj in lane:
+            await self._dispatch(m, obj, handler, delay)
+
+    async def _decode(self, m: Msg, decoder: msgspec.msgpack.Decoder[Any]) -> Any:
+        """The message decoded, or _UNDECODABLE once it is dead-lettered and terminated."""
         try:
-            obj = decoder.decode(m.data)
+            return decoder.decode(m.data)
         except (msgspec.DecodeError, msgspec.ValidationError) as e:
             await self.dead_letter(m.subject, m.data, str(e))
             with contextlib.suppress(Exception):
                 await m.term()
-            return
+            return _UNDECODABLE
+
+    async def _handle(self, m: Msg, decoder: msgspec.msgpack.Decoder[Any], handler: Handler[Any], delay: float) -> None:
+        obj = await self._decode(m, decoder)
+        if obj is not _UNDECODABLE:
+            await self._dispatch(m, obj, handler, delay)
+
+    async def _dispatch(self, m: Msg, obj: Any, handler: Handler[Any], delay: float) -> None:
         try:
             await handler(obj, m.headers or {})
         except Retry as e:

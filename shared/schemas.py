@@ -350,6 +350,7 @@ class Released(msgspec.Struct, tag="placement.released", kw_only=True, frozen=Tr
     job_id: str
     reason: str
     at: float
+    attempt: int = 0  # the attempt whose GPUs were freed (0: the job held none)
 
 
 class RankStarted(msgspec.Struct, tag="agent.started", kw_only=True, frozen=True):

@@ -8,7 +8,8 @@ placement's allocations and the queue's job records the held GPUs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from services.inventory.topology import topology_from_records
@@ -92,21 +93,34 @@ def occupy_held(
 
 
 class TopologyView:
-    """The core's topology and health from inventory's records, rebuilt only when `topo:gen` moves."""
+    """The core's topology and health from inventory's records, rebuilt only when `topo:gen` moves.
 
-    def __init__(self, store: Store) -> None:
+    `get(max_age_s=...)` skips asking for `topo:gen` when it was asked that recently and `invalidate` wasn't
+    called since (a reader that hears inventory's NodeChanged events calls it): a decision on a view that
+    lags a change by that much is caught by the commit script (node not up) and decided again."""
+
+    def __init__(self, store: Store, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
+        self.clock = clock
         self._cache: tuple[int, Any] | None = None
         self._empty: tuple[int, ClusterState] | None = None
+        self._checked_at: float | None = None
+
+    def invalidate(self) -> None:
+        self._checked_at = None
 
     @property
     def generation(self) -> int:
         """`topo:gen` of the view the last `get` returned (-1 before any)."""
         return self._cache[0] if self._cache is not None else -1
 
-    async def get(self) -> tuple[Any, Any] | None:
+    async def get(self, max_age_s: float = 0.0) -> tuple[Any, Any] | None:
         """(Topology, Health), or None until a node registers."""
+        now = self.clock()
+        if self._cache is not None and self._checked_at is not None and now - self._checked_at < max_age_s:
+            return self._cache[1]
         gen = await self.store.topology_generation()
+        self._checked_at = now
         if self._cache is None or self._cache[0] != gen:
             records = await self.store.nodes()
             self._cache = (gen, topology_from_records(records, generation=gen) if records else None)

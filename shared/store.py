@@ -122,8 +122,10 @@ class Store:
         self._job_cas = client.register_script(JOB_CAS_LUA)
         # The last record this store read or wrote for each active job: the job's writer (the queue) decides on
         # it and the CAS checks it is still current, so an update is one round trip unless another replica
-        # wrote in between. Terminal jobs leave it, so it holds the active jobs at most.
+        # wrote in between. Terminal jobs leave it, so it holds the active jobs at most. `_jobs_decoded` caches
+        # the decoded form for `remembered_jobs` (read-only to callers).
         self._jobs_seen: dict[str, bytes] = {}
+        self._jobs_decoded: dict[str, JobRecord] = {}
 
     @classmethod
     def from_url(cls, url: str, names: Names) -> Store:
@@ -242,7 +244,7 @@ class Store:
             raw = await self.r.get(key)
         while True:
             if raw is None:
-                self._jobs_seen.pop(job_id, None)
+                self._seen(job_id, None, None)
                 return None, False
             try:
                 new = change(JOB_RECORD.decode(raw))
@@ -278,11 +280,12 @@ class Store:
             return True, None
         current = res[1] if len(res) > 1 and res[1] else None
         if current is None:
-            self._jobs_seen.pop(job_id, None)
+            self._seen(job_id, None, None)
         return False, current
 
-    def _seen(self, job_id: str, data: bytes, state: JobState | None) -> None:
-        if state in TERMINAL:
+    def _seen(self, job_id: str, data: bytes | None, state: JobState | None) -> None:
+        self._jobs_decoded.pop(job_id, None)
+        if data is None or state in TERMINAL:
             self._jobs_seen.pop(job_id, None)
         else:
             self._jobs_seen[job_id] = data
@@ -292,24 +295,49 @@ class Store:
         raw = self._jobs_seen.get(job_id)
         return JOB_RECORD.decode(raw) if raw is not None else None
 
+    def remembered_jobs(self) -> dict[str, JobRecord]:
+        """Every active job's record as this store last read or wrote it, without a round trip. Complete
+        after `active_jobs(remember=True)` as long as this store is the only writer; may be stale otherwise.
+        The records are shared: read them, don't change them."""
+        decoded = self._jobs_decoded
+        for job_id, raw in self._jobs_seen.items():
+            if job_id not in decoded:
+                decoded[job_id] = JOB_RECORD.decode(raw)
+        return {job_id: decoded[job_id] for job_id in self._jobs_seen}
+
     async def get_job(self, job_id: str) -> JobRecord | None:
         raw = await self.r.get(self.names.job_key(job_id))
         return JOB_RECORD.decode(raw) if raw else None
 
-    async def get_jobs(self, ids: Iterable[str]) -> list[JobRecord]:
+    async def get_jobs(self, ids: Iterable[str], *, remember: bool = False) -> list[JobRecord]:
+        """The records of the ids that exist; `remember` also keeps them for `remembered_jobs`."""
         ids = list(ids)
         if not ids:
             return []
         raws = await self.r.mget([self.names.job_key(i) for i in ids])
-        return [JOB_RECORD.decode(raw) for raw in raws if raw]
+        out = []
+        for job_id, raw in zip(ids, raws, strict=True):
+            if raw:
+                rec = JOB_RECORD.decode(raw)
+                out.append(rec)
+                if remember:
+                    self._seen(job_id, raw, rec.state)
+            elif remember:
+                self._seen(job_id, None, None)
+        return out
 
-    async def has_undecided_jobs(self) -> bool:
-        """Whether some pending job waits for a decision (none has an order in flight): one SCARD."""
-        return bool(await self.r.scard(self.names.undecided_jobs_key))
+    async def undecided_job_ids(self) -> set[str]:
+        """Pending jobs waiting for a decision (none has an order in flight): one SMEMBERS."""
+        return {m.decode() for m in await self.r.smembers(self.names.undecided_jobs_key)}
 
-    async def active_jobs(self) -> list[JobRecord]:
+    async def active_jobs(self, *, remember: bool = False) -> list[JobRecord]:
+        """Every job not yet terminal; `remember` makes them exactly what `remembered_jobs` holds."""
         ids = sorted(m.decode() for m in await self.r.smembers(self.names.active_jobs_key))
-        return await self.get_jobs(ids)
+        jobs = await self.get_jobs(ids, remember=remember)
+        if remember:
+            for gone in set(self._jobs_seen) - {r.id for r in jobs}:
+                self._seen(gone, None, None)
+        return jobs
 
     async def list_jobs(
         self, *, tenant: str | None = None, state: JobState | None = None, offset: int = 0, limit: int = 50

@@ -29,6 +29,10 @@ from shared.schemas import AGENT_COMMANDS, AgentCommand, Fault
 log = logging.getLogger("rackscale.agent.fleet")
 
 
+def _node(cmd: AgentCommand) -> str:
+    return cmd.node
+
+
 def sim_fleet(
     domains: int,
     nodes_per_domain: int = 18,
@@ -122,6 +126,7 @@ class AgentFleet(Service):
                 self.handle,
                 self.stop_event,
                 ready=self.ready,
+                key=_node,  # one lane per node: a node's commands in order, different nodes' concurrently
             ),
             "commands",
         )

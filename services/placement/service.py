@@ -145,7 +145,8 @@ class PlacementService(Service):
                     attempt=held.attempt,
                 )
                 out.append(Outgoing(self.names.agent_cmd(ng.node), stop, f"{key}:stop:{ng.node}", headers))
-        released = Released(job_id=order.job_id, reason=order.reason, at=self.now())
-        attempt = held.attempt if held else "none"
-        out.append(Outgoing(self.names.placement_events, released, f"{order.job_id}:{attempt}:released", headers))
+        attempt = held.attempt if held else 0
+        released = Released(job_id=order.job_id, reason=order.reason, at=self.now(), attempt=attempt)
+        msg_id = f"{order.job_id}:{attempt or 'none'}:released"
+        out.append(Outgoing(self.names.placement_events, released, msg_id, headers))
         await self.bus.publish_all(out)

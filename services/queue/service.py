@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from services.queue.view import HeldView
 from shared.bus import Outgoing, Retry
 from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
 from shared.runtime import Deps, Service
@@ -62,6 +64,7 @@ log = logging.getLogger("rackscale.queue")
 
 INFLIGHT_TIMEOUT_S = 15.0  # an order with no answer this long is decided again (with a new attempt)
 LEASE_S = 5.0
+TOPOLOGY_MAX_AGE_S = 1.0  # a kicked cycle's topology may lag inventory this long (NodeChanged events cut it)
 ANNOUNCED_KEPT = 10_000  # placed events remembered as published (so the running event needn't repeat them)
 HOLDING = (JobState.PLACED, JobState.RUNNING, JobState.MIGRATING)  # states whose allocation is the job's own
 __all__ = ["UNPREEMPTIBLE", "QueueService", "job_spec", "occupy"]
@@ -70,6 +73,11 @@ __all__ = ["UNPREEMPTIBLE", "QueueService", "job_spec", "occupy"]
 def _trace(rec: JobRecord) -> dict[str, str] | None:
     """Headers that keep a job's later orders (releases) in the job's trace."""
     return {"traceparent": rec.trace} if rec.trace else None
+
+
+def _job(msg: Any) -> str:
+    """Ordering key of the queue's messages (node events, which have no job, share one lane)."""
+    return str(getattr(msg, "job_id", ""))
 
 
 def _not_before_commit(rec: JobRecord, attempt: int) -> None:
@@ -90,22 +98,22 @@ class QueueService(Service):
         self.instance = uuid.uuid4().hex[:12]
         self.cycles = 0
         self._topo = TopologyView(deps.store)
+        self.held = HeldView()  # allocations as placement's events tell them (full reads on the timer)
+        self._lease_trusted_until = 0.0  # monotonic time until which the leader lease is surely ours
         # attempts whose placed event this process has published (acked): their running event needn't repeat it
         self._announced: OrderedDict[tuple[str, int], None] = OrderedDict()
 
     async def start(self) -> None:
         n, stop = self.names, self.stop_event
-        self.spawn(
-            self.bus.consume(n.job_submit, n.consumer(self.name, "submit"), JOB_INTAKE, self.on_intake, stop), "submit"
-        )
-        self.spawn(
-            self.bus.consume(n.job_cancel, n.consumer(self.name, "cancel"), JOB_INTAKE, self.on_intake, stop), "cancel"
-        )
-        self.spawn(
-            self.bus.consume(n.job_move, n.consumer(self.name, "move"), JOB_INTAKE, self.on_intake, stop), "move"
-        )
+        # one lane per job: a job's messages in order, different jobs' concurrently
+        for what, subject in (("submit", n.job_submit), ("cancel", n.job_cancel), ("move", n.job_move)):
+            consumer = self.bus.consume(
+                subject, n.consumer(self.name, what), JOB_INTAKE, self.on_intake, stop, key=_job
+            )
+            self.spawn(consumer, what)
         for what, subject in (("placement", n.placement_events), ("agent", n.agent_events), ("node", n.node_events)):
-            self.spawn(self.bus.consume(subject, n.consumer(self.name, what), EVENTS, self.on_event, stop), what)
+            consumer = self.bus.consume(subject, n.consumer(self.name, what), EVENTS, self.on_event, stop, key=_job)
+            self.spawn(consumer, what)
         await self.bus.nc.subscribe(n.cycle_kick, cb=self._on_kick)
         self.spawn(self.cycle_loop(), "cycle")
 
@@ -201,6 +209,7 @@ class QueueService(Service):
         elif isinstance(ev, Rejected):
             await self.on_rejected(ev)
         elif isinstance(ev, Released):
+            self.held.released(ev)
             self.kick.set()  # GPUs came free
         elif isinstance(ev, RankStarted):
             await self.on_started(ev)
@@ -210,6 +219,7 @@ class QueueService(Service):
             await self.on_node(ev)
 
     async def on_committed(self, ev: Committed, headers: Mapping[str, str]) -> None:
+        self.held.committed(ev)
         now = self.now()
         domains = await self._domains([ng.node for ng in ev.nodes])
 
@@ -350,6 +360,7 @@ class QueueService(Service):
             self.kick.set()
 
     async def on_node(self, ev: NodeChanged) -> None:
+        self._topo.invalidate()
         if ev.state != "down":
             self.kick.set()
             return
@@ -406,12 +417,19 @@ class QueueService(Service):
                 log.exception("scheduling cycle failed; next one on the timer")
 
     async def _lead(self) -> bool:
-        """Hold (or take) the leader lease: one queue replica runs cycles at a time."""
-        return await self.store.hold_lease(self.names.queue_leader_key, self.instance, LEASE_S)
+        """Hold (or take) the leader lease: one queue replica runs cycles at a time. A lease renewed less than
+        a third of its time ago is held for two thirds more: no round trip for it."""
+        mono = time.monotonic()
+        if mono < self._lease_trusted_until:
+            return True
+        held = await self.store.hold_lease(self.names.queue_leader_key, self.instance, LEASE_S)
+        self._lease_trusted_until = mono + LEASE_S / 3 if held else 0.0
+        return held
 
     async def _topology(self) -> tuple[Any, Any] | None:
-        """The core's topology and health from inventory's records; None until a node registers."""
-        return await self._topo.get()
+        """The core's topology and health from inventory's records; None until a node registers. Asks for
+        `topo:gen` at most every TOPOLOGY_MAX_AGE_S unless a NodeChanged came (`on_node` invalidates)."""
+        return await self._topo.get(max_age_s=TOPOLOGY_MAX_AGE_S)
 
     async def _domains(self, nodes: list[str]) -> list[str]:
         known = self._topo.last() or await self._topology()  # node → domain: a lagging view is fine here
@@ -426,15 +444,24 @@ class QueueService(Service):
         return list(seen)
 
     async def run_cycle(self, *, full: bool = True) -> None:
-        """One scheduling cycle. A kicked cycle (`full=False`) first asks whether any pending job waits for
-        a decision, one SCARD: most kicks (commits, starts, exits) leave none, and at 64 domains reading
-        every active job for them was a third of the process's time. The timer's cycles always read
-        everything, so an order in flight past its timeout is taken back within a period."""
+        """One scheduling cycle. The timer's cycles (`full`) read every active job and allocation, so an order
+        in flight past its timeout is taken back within a period and the views below are put right. A kicked
+        cycle reads only the ids of the pending jobs waiting for a decision (one SMEMBERS; most kicks, from
+        commits, starts and exits, leave none) and otherwise decides on what this replica keeps: the job
+        records it wrote or read (`Store.remembered_jobs`) and the allocations placement's events told it
+        (`HeldView`). A stale view costs a rejected order at worst: the commit script checks every GPU."""
         now = self.now()
         self.cycles += 1
-        if not full and not await self.store.has_undecided_jobs():
-            return
-        jobs = {r.id: r for r in await self.store.active_jobs()}
+        if full or not self.held.complete:
+            jobs = {r.id: r for r in await self.store.active_jobs(remember=True)}
+            self.held.replace(await self.store.allocations())
+        else:
+            undecided = await self.store.undecided_job_ids()
+            if not undecided:
+                return
+            jobs = self.store.remembered_jobs()
+            if unknown := undecided - jobs.keys():  # written by another replica
+                jobs.update((r.id, r) for r in await self.store.get_jobs(unknown, remember=True))
         if not any(r.state is JobState.PENDING for r in jobs.values()):
             return  # most kicks (exits, releases, heartbeats' changes) leave nothing to decide: skip the reads
         known = await self._topology()
@@ -442,7 +469,7 @@ class QueueService(Service):
             return  # no GPU node has registered yet: jobs keep waiting with their intake reason
         topo = known[0]
         state = self._topo.empty_state()
-        held = occupy_held(state, await self.store.allocations(), jobs, now)
+        held = occupy_held(state, self.held.allocations(), jobs, now)
         pending: list[JobSpec] = []
         for rec in jobs.values():
             if rec.state is not JobState.PENDING:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 import pytest
 
@@ -80,17 +82,17 @@ async def test_the_undecided_set_follows_each_job_write(redis_url: str, namespac
         return {m.decode() for m in await store.r.smembers(n.undecided_jobs_key)}
 
     try:
-        assert not await store.has_undecided_jobs()
+        assert not await store.undecided_job_ids()
         await store.put_job(JobRecord(id="a", spec=JobBody(name="a", tenant="t", gpus=4)), new=True)
         await store.put_job(JobRecord(id="b", spec=JobBody(name="b", tenant="t", gpus=4)), new=True)
-        assert await store.has_undecided_jobs() and await undecided() == {"a", "b"}
+        assert await store.undecided_job_ids() == await undecided() == {"a", "b"}
         await store.update_job("a", lambda r: msgspec.structs.replace(r, inflight_since=1.0))  # ordered
         assert await undecided() == {"b"}
         await store.update_job("a", lambda r: msgspec.structs.replace(r, inflight_since=None))  # rejected: back
         assert await undecided() == {"a", "b"}
         await store.update_job("a", lambda r: msgspec.structs.replace(r, state=JobState.RUNNING))
         await store.update_job("b", lambda r: msgspec.structs.replace(r, state=JobState.CANCELLED))
-        assert not await store.has_undecided_jobs()
+        assert not await store.undecided_job_ids()
         assert {m.decode() for m in await store.r.smembers(n.active_jobs_key)} == {"a"}
     finally:
         await store.r.delete(*[k async for k in store.r.scan_iter(store.names.key_pattern)])
@@ -109,7 +111,7 @@ async def test_job_writes_from_two_stores_never_lose_each_other(redis_url: str, 
         assert not created and again.reason == "r0"  # the first submission wins; the stored one comes back
         seen: list[str] = []
 
-        def append(tag: str):  # noqa: ANN202
+        def append(tag: str) -> Callable[[JobRecord], JobRecord]:
             def change(r: JobRecord) -> JobRecord:
                 seen.append(r.reason)
                 return msgspec.structs.replace(r, reason=r.reason + tag)
