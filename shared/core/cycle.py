@@ -17,6 +17,14 @@ Per job, in that order:
    to free — checkpointable victims first, fewest GPUs — never a scatter of victims across domains);
 5. otherwise the first `reservations` such jobs get a reservation: the earliest time the running jobs'
    expected ends free a fitting layout, whose free nodes are held for the rest of the cycle.
+
+Reservations that stick (policies with `sticky_reservations`, i.e. rackscale): the scheduler remembers the
+NVLink domains of each reservation it made last cycle. A job reserved again keeps those domains unless
+another layout's forecast start is much earlier (`STICKY_FACTOR` times sooner, less `STICKY_SLACK_S`).
+Re-planning from scratch every cycle (Slurm) lets a multi-domain reservation wander after noisy estimates:
+the domains it left get refilled by the backlog, and the ones it moved to had not been held while they
+drained, so the job waits for several domains to drain together again and again. That memory (domain ids
+per reserved job) is the only thing a `Scheduler` keeps between cycles.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ from shared.core.state import INF, Allocation, ClusterState
 from shared.core.statement import Statement
 
 HOLD_PREFIX = "resv:"
+# a kept reservation yields to another layout only when that one starts this much sooner (see module doc)
+STICKY_FACTOR = 1.5
+STICKY_SLACK_S = 3600.0
 _UNKNOWN = object()  # a forecast that runs into jobs without an expected end
 
 
@@ -115,11 +126,15 @@ class _Hold:
 
 
 class Scheduler:
-    """Runs cycles with one policy and configuration. Holds no state between cycles."""
+    """Runs cycles with one policy and configuration.
+
+    Between cycles it keeps only the domains of the last cycle's reservations (sticky policies).
+    """
 
     def __init__(self, config: CycleConfig | None = None) -> None:
         self.config = config or CycleConfig()
         self.policy: Policy = get_policy(self.config.policy)
+        self.promised: dict[str, frozenset[int]] = {}  # job id -> NVLink domains of its last reservation
 
     def cycle(
         self,
@@ -135,6 +150,8 @@ class _Cycle:
     """One cycle's working memory."""
 
     def __init__(self, sched: Scheduler, state: ClusterState, now: float) -> None:
+        self.sched = sched
+        self.promised: dict[str, frozenset[int]] = {}
         self.cfg = sched.config
         self.policy = sched.policy
         self.state = state
@@ -178,6 +195,7 @@ class _Cycle:
             for h in self.holds:
                 if HOLD_PREFIX + h.job_id in self.state.allocs:
                     self.state.release(HOLD_PREFIX + h.job_id)
+            self.sched.promised = self.promised
         return self.result
 
     def _decide(self, req: Request, demand: frozenset[int]) -> bool | None:
@@ -213,7 +231,7 @@ class _Cycle:
         if cfg.preemption and self._preempt(req, ctx, end):
             return True
         if len(self.holds) < cfg.reservations:
-            found = self._earliest_start(req, runtime, demand)
+            found = self._forecast(req, runtime, demand)
             if found is None:
                 self._pending(job.id, PendingCode.NEVER_FITS, f"{reason}; won't fit even when running jobs end")
                 return None
@@ -226,6 +244,9 @@ class _Cycle:
                 return False
             assert isinstance(found, tuple)
             start, placement = found
+            if self.policy.sticky_reservations:
+                node_dom = self.state.topo.node_group[self.state.topo.domain]
+                self.promised[job.id] = frozenset(node_dom[n] for n in placement.nodes)
             self._hold(job.id, start, start + runtime, placement)
             self.result.decisions.append(
                 Reserve(job.id, start, placement.nodes, f"{reason}; reserved to start in {duration(start - self.now)}")
@@ -267,12 +288,39 @@ class _Cycle:
             nodes, masks = zip(*pairs, strict=True)
             self.stmt.allocate(Allocation(HOLD_PREFIX + hold.job_id, nodes, masks, start=hold.start, hold=True))
 
-    def _earliest_start(
+    def _forecast(
         self, req: Request, runtime: float, demand: frozenset[int]
+    ) -> tuple[float, Placement] | object | None:
+        """The reservation's start and layout, or None / _UNKNOWN as `_earliest_start` says.
+
+        Sticky policies keep last cycle's domains when they still work and no other layout starts much
+        sooner; otherwise (and always for the others) the earliest start anywhere.
+        """
+        before = self.sched.promised.get(req.job.id) if self.policy.sticky_reservations else None
+        if before is not None:
+            topo = self.state.topo
+            layers = self.policy.layers(self.state, req)
+            if layers and layers[-1][0] >= topo.domain and max(before) < len(topo.group_nodes[topo.domain]):
+                kept = self._earliest_start(req, runtime, demand, within=before)
+                if isinstance(kept, tuple):
+                    # only a layout starting before `until` is "much sooner"; the search stops there
+                    until = self.now + (kept[0] - self.now - STICKY_SLACK_S) / STICKY_FACTOR
+                    sooner = self._earliest_start(req, runtime, demand, until=until) if until > self.now else None
+                    return sooner if isinstance(sooner, tuple) else kept
+        return self._earliest_start(req, runtime, demand)
+
+    def _earliest_start(
+        self,
+        req: Request,
+        runtime: float,
+        demand: frozenset[int],
+        within: frozenset[int] | None = None,
+        until: float = INF,
     ) -> tuple[float, Placement] | object | None:
         """Replay the forecast (running jobs end, earlier reservations run and end) until the job fits.
 
-        Nothing changes in the end: every step goes through the statement and is rolled back.
+        `within`: only in these NVLink domains; `until`: give up (None) at this time. Nothing changes in
+        the end: every step goes through the statement and is rolled back.
         """
         state, stmt = self.state, self.stmt
         cp = stmt.checkpoint()
@@ -302,12 +350,22 @@ class _Cycle:
             row = state.count[level]
             node_group = state.topo.node_group[level]
             contrib = [r[k] // size for r in row]
+            if within is not None and level >= state.topo.domain:
+                # groups outside the allowed domains host nothing, now or later
+                topo = state.topo
+                node_dom = topo.node_group[topo.domain]
+                row = [
+                    r if node_dom[topo.group_nodes[level][g][0]] in within else [0] * len(r) for g, r in enumerate(row)
+                ]
+                contrib = [r[k] // size for r in row]
             hostable = sum(contrib)
             i = 0
             while i < len(events):
                 t = events[i][0]
                 if t == INF:
                     return _UNKNOWN  # jobs with no expected end never free their nodes in a forecast
+                if t >= until:
+                    return None  # jobs with no expected end never free their nodes in a forecast
                 touched: set[int] = set()
                 while i < len(events) and events[i][0] == t:
                     _, kind, ref = events[i]
@@ -326,7 +384,7 @@ class _Cycle:
                     contrib[g] = now_units
                 if hostable < pieces or state.count[0][0][k] < need:
                     continue
-                ctx = Context(now=t, job_end=t + runtime, demand=demand)
+                ctx = Context(now=t, job_end=t + runtime, demand=demand, within=within)
                 placement = self.policy.place(state, req, ctx)
                 if placement is not None:
                     return t, placement

@@ -19,11 +19,14 @@ from shared.core import (
     PendingCode,
     Preempt,
     Reserve,
+    Scheduler,
     Slice,
     TenantPolicy,
     order_jobs,
 )
 from shared.core.cycle import HOLD_PREFIX
+from shared.core.policies import Context, get_policy
+from shared.core.shape import request
 from tests.unit.cycle_builders import INF, Run, cycle, domains_of, fleet, job, nodes
 
 FREE2 = ["." * 18, "." * 18]
@@ -783,3 +786,61 @@ def test_deterministic(policy: str) -> None:
         result = cycle(state, jobs, config=config)
         runs.append((result.decisions, result.order, {j: (a.nodes, a.masks) for j, a in state.allocs.items()}))
     assert runs[0] == runs[1]
+
+
+# ===================================================================================== sticky reservations
+# X: 32 nodes in two 16-node segments. First cycle (now 0):
+#   d00 AAAAAAAAAAAAAAAAAA   A ends at 1000
+#   d01 BBBBBBBBBBBBBBBBBB   B ends at 1000
+#   d02 CCCCCCCCCCCCCCCCCC   C ends at 2000       -> X reserved on d00 + d01 at 1000 (both policies)
+# Second cycle (now 100), the estimates have moved: B ends at `b_end`, d02 now holds D ending at 900.
+# A fresh forecast: d00 + d02 at 1000. Rackscale keeps d00 + d01 unless that starts much later
+# (STICKY_FACTOR x 900 s + STICKY_SLACK_S = 4950 s from now); block re-plans from scratch every cycle.
+@pytest.mark.parametrize(
+    ("policy", "b_end", "start", "doms"),
+    [
+        ("rackscale", 1200.0, 1200.0, {"d00", "d01"}),  # 1100 s from now: kept
+        ("rackscale", 5050.0, 5050.0, {"d00", "d01"}),  # 4950 s: still within the slack
+        ("rackscale", 5051.0, 1000.0, {"d00", "d02"}),  # just past it: moves to the sooner layout
+        ("block", 1200.0, 1000.0, {"d00", "d02"}),
+    ],
+)
+def test_reservation_keeps_its_domains_unless_much_later(policy: str, b_end: float, start: float, doms) -> None:
+    sched = Scheduler(CycleConfig(policy=policy))
+    x = job("X", 128, segment=16, expected_runtime_s=500.0)
+    first = fleet(["A" * 18, "B" * 18, "C" * 18], {"A": Run(end=1000.0), "B": Run(end=1000.0), "C": Run(end=2000.0)})
+    (d,) = sched.cycle(first, [x], 0.0).decisions
+    assert isinstance(d, Reserve) and d.start == 1000.0
+    assert domains_of(first.topo, d.nodes) == {"d00", "d01"}
+    second = fleet(["A" * 18, "B" * 18, "D" * 18], {"A": Run(end=1000.0), "B": Run(end=b_end), "D": Run(end=900.0)})
+    (d,) = sched.cycle(second, [x], 100.0).decisions
+    assert isinstance(d, Reserve)
+    assert d.start == start
+    assert domains_of(second.topo, d.nodes) == doms
+    _assert_clean(second)
+
+
+def test_promise_is_forgotten_once_the_job_is_not_reserved() -> None:
+    sched = Scheduler(CycleConfig(policy="rackscale"))
+    x = job("X", 64, expected_runtime_s=500.0)
+    busy = fleet(["A" * 18], {"A": Run(end=1000.0)})
+    assert isinstance(sched.cycle(busy, [x], 0.0).decisions[0], Reserve)
+    assert set(sched.promised) == {"X"}
+    free = fleet(["." * 18])
+    assert isinstance(sched.cycle(free, [x], 10.0).decisions[0], Allocate)
+    assert sched.promised == {}
+
+
+# d00 ..................   every domain free; `within` confines a placement (a kept reservation's forecast)
+# d01 ..................   to the domains named, for a single-domain job and a segmented one alike
+# d02 ..................
+@pytest.mark.parametrize("policy", ["block", "rackscale"])
+@pytest.mark.parametrize(
+    ("gpus", "segment", "within", "doms"), [(64, None, {2}, {"d02"}), (128, 16, {0, 2}, {"d00", "d02"})]
+)
+def test_placement_within_domains(policy: str, gpus: int, segment: int | None, within, doms) -> None:
+    state = fleet(["." * 18] * 3)
+    req = request(job("X", gpus, segment=segment), state.topo)
+    got = get_policy(policy).place(state, req, Context(within=frozenset(within)))
+    assert got is not None and domains_of(state.topo, got.nodes) == doms
+    assert get_policy(policy).place(state, req, Context(within=frozenset({1}) if segment else frozenset())) is None

@@ -49,14 +49,16 @@ class Context:
     job_end: float = float("inf")
     # run sizes (nodes per group at the domain level) that waiting jobs need, for fragmentation scoring
     demand: frozenset[int] = field(default_factory=frozenset)
+    # only these NVLink domains may be used (a kept reservation's forecast); None: any
+    within: frozenset[int] | None = None
 
 
 class Picker:
     """Nodes taken by one placement attempt, with group capacities net of them."""
 
-    __slots__ = ("k", "masks", "nodes", "req", "state", "taken", "taken_set")
+    __slots__ = ("dom_level", "k", "masks", "nodes", "req", "state", "taken", "taken_set", "within")
 
-    def __init__(self, state: ClusterState, req: Request) -> None:
+    def __init__(self, state: ClusterState, req: Request, within: frozenset[int] | None = None) -> None:
         self.state = state
         self.req = req
         self.k = req.k
@@ -64,10 +66,20 @@ class Picker:
         self.masks: list[int] = []
         self.taken_set: set[int] = set()
         self.taken: list[dict[int, int]] = [{} for _ in state.topo.levels]
+        self.within = within
+        self.dom_level = state.topo.domain
 
     def cap(self, level: int, group: int) -> int:
         """Usable nodes of the group that could still take one of the job's per-node shares."""
+        if self.within is not None and level >= self.dom_level and not self._allowed(level, group):
+            return 0
         return self.state.count[level][group][self.k] - self.taken[level].get(group, 0)
+
+    def _allowed(self, level: int, group: int) -> bool:
+        """Whether a group at or inside the domain level lies in one of the `within` domains."""
+        topo = self.state.topo
+        assert self.within is not None
+        return topo.node_group[self.dom_level][topo.group_nodes[level][group][0]] in self.within
 
     def hostable(self, level: int, group: int, layers: Sequence[tuple[int, int]], i: int) -> int:
         """How many pieces of layer i (each `size` nodes, split by the inner layers) fit in the group."""
@@ -90,6 +102,8 @@ class Picker:
             t[g] = t.get(g, 0) + 1
 
     def fits(self, node: int) -> bool:
+        if self.within is not None and self.state.topo.node_group[self.dom_level][node] not in self.within:
+            return False
         return node not in self.taken_set and self.state.node_fits(node, self.k, self.req.exclusive)
 
     def result(self) -> Placement:
@@ -102,13 +116,16 @@ class Policy:
     name = "base"
     honours_required = True  # False for baselines that treat `required` as best effort
     prefer_healthy_gpus = False
+    # keep a reservation's domains from cycle to cycle unless another layout forecasts a much earlier
+    # start (see cycle.py); Slurm's backfill re-plans every reservation from scratch each cycle
+    sticky_reservations = False
 
     # -- entry point -----------------------------------------------------------------------------------
     def place(self, state: ClusterState, req: Request, ctx: Context) -> Placement | None:
         """Where the request fits now, or None. Never changes the state."""
         if state.count[0][0][req.k] < req.nodes:
             return None  # not enough fitting nodes in the whole cluster: no layout can work
-        pk = Picker(state, req)
+        pk = Picker(state, req, ctx.within)
         layers = self.layers(state, req)
         if layers:
             top = layers[0][0]

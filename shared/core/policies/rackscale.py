@@ -17,6 +17,11 @@ fewest domains first, exact fits first, healthy domains first) are scored by the
 stranded nodes, degraded nodes used, domains used and nodes left, and the cheapest wins.
 `preferred` jobs that fit no single domain spill over the fewest domains; `none` jobs fill stranded
 fragments before touching whole domains. Degraded GPUs are taken last inside a node and a domain.
+
+Reservations stick (`sticky_reservations`, applied by the cycle): a job reserved again keeps last cycle's
+domains unless another layout is forecast to start much sooner, so the domains it waits for keep draining
+instead of the reservation wandering after every new estimate (a two-segment job then waits for two
+domains to drain once, not again and again; measured on Philly, docs/evaluation.md).
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ def frag_tables(demand: frozenset[int], group_size: int) -> tuple[int, tuple[int
 class RackscalePolicy(Policy):
     name = "rackscale"
     prefer_healthy_gpus = True
+    sticky_reservations = True
 
     # -- scoring ---------------------------------------------------------------------------------------
     def _tables(self, pk: Picker, level: int, ctx: Context) -> tuple[int, tuple[int, ...]] | None:
