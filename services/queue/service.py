@@ -38,6 +38,7 @@ from shared.schemas import (
     EVENTS,
     JOB_INTAKE,
     TERMINAL,
+    AllocationRecord,
     CheckpointOrder,
     Committed,
     JobCancel,
@@ -82,7 +83,9 @@ def _job(msg: Any) -> str:
 
 def _not_before_commit(rec: JobRecord, attempt: int) -> None:
     """Agent events and placement events come through separate consumers: a rank can report before
-    the queue has seen its commit. Such an event is redelivered later instead of dropped."""
+    the queue has seen its commit. Such an event is redelivered later instead of dropped. (on_started
+    adopts the commit itself, also an older attempt's that placement still holds; a rank's other events
+    follow its start on the same subject, so they find the job placed.)"""
     if rec.state is JobState.PENDING and rec.attempt <= attempt:
         raise Retry(f"job {rec.id} attempt {attempt}: commit not seen yet")
 
@@ -275,15 +278,29 @@ class QueueService(Service):
         now = self.now()
         domains: list[str] = []
         adopted: list[bool] = []
+        held: AllocationRecord | None = None
 
         def started(rec: JobRecord) -> JobRecord | None:
             adopted.clear()
-            if rec.state is JobState.PENDING and rec.inflight_since is not None and rec.attempt == ev.attempt:
-                # The agents start a rank only after placement committed this attempt, at the order's nodes:
-                # the Committed event is still on its way (another consumer). Adopt the commit now.
-                rec.state, rec.reason, rec.updated_at, rec.inflight_since = JobState.PLACED, "", now, None
-                rec.domains, rec.started_ranks, rec.exit_codes = list(domains), [], {}
-                adopted.append(True)
+            if rec.state is JobState.PENDING:
+                # Agents start a rank only after placement committed its attempt: the Committed event is still
+                # on its way (another consumer). Adopt the commit now: the order's nodes when this attempt's
+                # order is the one in flight, else (the order timed out and the job was decided again) the
+                # allocation placement holds for it.
+                nodes = None
+                if held is not None and held.attempt == ev.attempt:
+                    nodes = held.nodes
+                elif rec.inflight_since is not None and rec.attempt == ev.attempt:
+                    nodes = rec.allocation
+                if nodes is not None:
+                    rec.state, rec.attempt, rec.allocation = JobState.PLACED, ev.attempt, list(nodes)
+                    rec.reason, rec.updated_at, rec.inflight_since = "", now, None
+                    rec.domains, rec.started_ranks, rec.exit_codes = list(domains), [], {}
+                    adopted.append(True)
+                elif not asked:
+                    raise Retry(
+                        f"job {rec.id}: was attempt {ev.attempt} committed? asking placement's record next time"
+                    )
             _not_before_commit(rec, ev.attempt)
             if rec.attempt != ev.attempt or rec.state not in (JobState.PLACED, JobState.RUNNING):
                 return None
@@ -294,9 +311,13 @@ class QueueService(Service):
                 rec.state, rec.started_at, rec.updated_at = JobState.RUNNING, now, now
             return rec
 
-        cached = self.store.remembered_job(ev.job_id)
+        asked = False
+        cached = self.store.remembered_job(ev.job_id) or await self.store.get_job(ev.job_id)
         if cached is not None and cached.state is JobState.PENDING:
-            domains = await self._domains([ng.node for ng in cached.allocation])
+            if not (cached.inflight_since is not None and cached.attempt == ev.attempt):
+                held, asked = await self.store.allocation(ev.job_id), True  # rare: an older attempt's late commit
+            nodes = held.nodes if held is not None else cached.allocation
+            domains = await self._domains([ng.node for ng in nodes])
         rec, changed = await self.store.update_job(ev.job_id, started)
         if rec is None or rec.attempt != ev.attempt or not changed:
             return

@@ -1,0 +1,105 @@
+"""The queue's event handlers against real NATS and Redis, on races the end-to-end runs hit only under load.
+
+A rank's start can reach the queue before the commit it follows (two consumers), also after the job's order
+timed out and the job was decided again. The start itself proves the commit: it must be adopted, with the
+placed event logged before the running one, and never dropped (the job would stay placed for ever).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from services.queue.service import QueueService
+from shared.names import Names
+from shared.runtime import Deps
+from shared.schemas import (
+    EVENTS,
+    AllocationRecord,
+    Committed,
+    JobBody,
+    JobEvent,
+    JobRecord,
+    JobState,
+    NodeGpus,
+    NodeRecord,
+    RankStarted,
+)
+from shared.settings import Settings
+
+pytestmark = pytest.mark.asyncio
+
+NOW = 1000.0
+
+
+@pytest_asyncio.fixture
+async def queue(nats_url: str, redis_url: str, namespace: str) -> AsyncIterator[QueueService]:
+    names = Names(prefix=namespace)
+    deps = await Deps.connect(Settings(prefix=namespace), "queue", nats_url, redis_url, names, clock=lambda: NOW)
+    for node in ("n0", "n1"):
+        await deps.store.put_node(NodeRecord(name=node, domain="d0"))
+    try:
+        yield QueueService(deps)
+    finally:
+        await deps.store.r.delete(*[k async for k in deps.store.r.scan_iter(names.key_pattern)])
+        await deps.close()
+
+
+async def _events(q: QueueService, job: str) -> list[tuple[str, int]]:
+    """The job's events as stored in the stream, in order: (state, attempt)."""
+    sub = await q.bus.js.subscribe(q.names.job_event(job), ordered_consumer=True)
+    out: list[tuple[str, int]] = []
+    try:
+        while True:
+            ev = EVENTS.decode((await sub.next_msg(timeout=0.5)).data)
+            assert isinstance(ev, JobEvent)
+            out.append((str(ev.state), ev.attempt))
+    except TimeoutError:
+        return out
+    finally:
+        await sub.unsubscribe()
+
+
+def _job(**kw: object) -> JobRecord:
+    return JobRecord(id="j", spec=JobBody(name="j", tenant="t", gpus=1, gpus_per_node=1), **kw)  # type: ignore[arg-type]
+
+
+def _started(attempt: int) -> RankStarted:
+    return RankStarted(job_id="j", attempt=attempt, node="n0", rank=0, pid=1, at=NOW)
+
+
+async def test_a_start_before_its_commit_adopts_the_order_in_flight(queue: QueueService) -> None:
+    order = [NodeGpus("n0", [0])]
+    await queue.store.put_job(_job(attempt=1, inflight_since=NOW, allocation=order), new=True)
+    await queue.on_started(_started(1))
+    rec = await queue.store.get_job("j")
+    assert rec is not None and (rec.state, rec.attempt, rec.allocation) == (JobState.RUNNING, 1, order)
+    assert rec.inflight_since is None and rec.domains == ["d0"]
+    # the commit comes after: nothing changes, its placed event is the one already logged
+    await queue.on_committed(Committed(job_id="j", attempt=1, nodes=order, at=NOW), {})
+    assert (await queue.store.get_job("j")) == rec
+    assert await _events(queue, "j") == [("placed", 1), ("running", 1)]
+
+
+async def test_a_start_of_an_attempt_that_timed_out_adopts_what_placement_holds(queue: QueueService) -> None:
+    # attempt 1's order timed out and attempt 2's is in flight, but placement committed attempt 1 after all
+    held = [NodeGpus("n0", [0])]
+    await queue.store.put_job(_job(attempt=2, inflight_since=NOW, allocation=[NodeGpus("n1", [0])]), new=True)
+    assert (await queue.store.commit(AllocationRecord(job_id="j", attempt=1, nodes=held, committed_at=NOW))).ok
+    await queue.on_started(_started(1))
+    rec = await queue.store.get_job("j")
+    assert rec is not None and (rec.state, rec.attempt, rec.allocation) == (JobState.RUNNING, 1, held)
+    assert await _events(queue, "j") == [("placed", 1), ("running", 1)]
+
+
+async def test_a_start_of_a_released_attempt_is_dropped(queue: QueueService) -> None:
+    # attempt 1 ran, was preempted and released; attempt 2 waits: attempt 1's late start changes nothing
+    await queue.store.put_job(_job(attempt=2, reason="requeued"), new=True)
+    assert (await queue.store.commit(AllocationRecord(job_id="j", attempt=1, nodes=[], committed_at=NOW))).ok
+    assert await queue.store.release("j")
+    await queue.on_started(_started(1))
+    rec = await queue.store.get_job("j")
+    assert rec is not None and (rec.state, rec.attempt, rec.reason) == (JobState.PENDING, 2, "requeued")
+    assert await _events(queue, "j") == []
