@@ -105,6 +105,7 @@ class JobRecord(msgspec.Struct, kw_only=True):
     started_at: float | None = None
     ended_at: float | None = None
     attempt: int = 0  # bumps on every (re)placement
+    floor: int = 0  # attempts up to this one were placed and are over: their late commits and starts are stale
     allocation: list[NodeGpus] = []
     domains: list[str] = []
     exit_codes: dict[str, int] = {}  # "node/rank" → exit code
@@ -226,6 +227,7 @@ class ReleaseOrder(msgspec.Struct, tag="order.release", kw_only=True, frozen=Tru
     job_id: str
     reason: str
     checkpoint: bool = False
+    only_attempt: int = 0  # free the GPUs only if the job holds them for this attempt (0: whatever it holds)
 
 
 class CheckpointOrder(msgspec.Struct, tag="order.checkpoint", kw_only=True, frozen=True):

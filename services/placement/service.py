@@ -132,6 +132,10 @@ class PlacementService(Service):
 
     async def _release(self, order: ReleaseOrder, headers: Mapping[str, str]) -> None:
         held = await self.store.allocation(order.job_id)
+        if order.only_attempt and held is not None and held.attempt != order.only_attempt:
+            job, attempt = order.job_id, order.only_attempt
+            log.info("release of %s:%d: the job holds attempt %d now; kept", job, attempt, held.attempt)
+            return
         await self.store.release(order.job_id)
         out: list[Outgoing] = []
         if held is not None:

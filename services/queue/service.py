@@ -230,8 +230,8 @@ class QueueService(Service):
             if rec.state in (JobState.PLACED, JobState.RUNNING) and rec.attempt == ev.attempt and not rec.domains:
                 rec.domains = domains  # a rank's start adopted the commit before this event came
                 return rec if domains else None
-            if rec.state is not JobState.PENDING:
-                return None
+            if rec.state is not JobState.PENDING or ev.attempt <= rec.floor:
+                return None  # (an attempt that was placed and is over: a redelivered commit)
             # adopt the commit even for an older attempt: its order went through after a timeout
             rec.state, rec.attempt, rec.allocation = JobState.PLACED, ev.attempt, list(ev.nodes)
             rec.domains, rec.reason, rec.updated_at, rec.inflight_since = domains, "", now, None
@@ -245,7 +245,8 @@ class QueueService(Service):
             # cancelled (or requeued) while the order was out: give the GPUs back
             await self.bus.publish(
                 self.names.orders,
-                ReleaseOrder(job_id=rec.id, reason=f"job is {rec.state}"),
+                # only that attempt's GPUs: by now the job may hold a newer attempt's
+                ReleaseOrder(job_id=rec.id, reason=f"job is {rec.state}", only_attempt=ev.attempt),
                 msg_id=f"{rec.id}:{ev.attempt}:release:stale",
                 headers=_trace(rec),
             )
@@ -282,7 +283,7 @@ class QueueService(Service):
 
         def started(rec: JobRecord) -> JobRecord | None:
             adopted.clear()
-            if rec.state is JobState.PENDING:
+            if rec.state is JobState.PENDING and ev.attempt > rec.floor:
                 # Agents start a rank only after placement committed its attempt: the Committed event is still
                 # on its way (another consumer). Adopt the commit now: the order's nodes when this attempt's
                 # order is the one in flight, else (the order timed out and the job was decided again) the
@@ -405,6 +406,7 @@ class QueueService(Service):
             else:
                 r.state, r.reason = JobState.PENDING, f"requeued: {reason}"
                 r.attempt, r.allocation, r.domains, r.started_ranks, r.exit_codes = attempt + 1, [], [], [], {}
+                r.floor = attempt
             r.updated_at = now
             return r
 
@@ -598,6 +600,7 @@ class QueueService(Service):
             if r.state is not JobState.PREEMPTED or r.attempt != attempt:
                 return None
             r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, attempt + 1, [], []
+            r.floor = attempt
             r.started_ranks, r.exit_codes, r.updated_at = [], {}, now
             r.reason = f"requeued after preemption for job {d.for_job}"
             return r
@@ -660,8 +663,10 @@ class QueueService(Service):
                     r.state, r.ended_at, r.reason = JobState.FAILED, now, f"evacuated: {mv.reason}"
                 else:
                     r.state, r.attempt, r.reason = JobState.PENDING, ev.attempt + 1, f"requeued: evacuated: {mv.reason}"
+                    r.floor = ev.attempt
                 return r
             r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, ev.attempt + 1, list(mv.target), []
+            r.floor = ev.attempt
             r.started_ranks, r.exit_codes, r.inflight_since, r.move = [], {}, now, None
             r.ran_s, r.checkpoint = r.ran_s + ran, f"{r.id}:{ev.attempt}"
             r.reason = "migrating: restoring on " + ", ".join(ng.node for ng in mv.target)
@@ -699,6 +704,7 @@ class QueueService(Service):
             if r.state is not JobState.MIGRATING or r.move is None or r.move.migration_id != m.migration_id:
                 return None
             attempt.append(r.attempt)
+            r.floor = r.attempt
             r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, r.attempt + 1, [], []
             r.started_ranks, r.exit_codes, r.move, r.updated_at = [], {}, None, now
             r.reason = f"requeued: move aborted ({m.reason})"

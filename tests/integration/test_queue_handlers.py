@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
+from services.placement.service import PlacementService
 from services.queue.service import QueueService
 from shared.names import Names
 from shared.runtime import Deps
@@ -26,6 +27,7 @@ from shared.schemas import (
     NodeGpus,
     NodeRecord,
     RankStarted,
+    ReleaseOrder,
 )
 from shared.settings import Settings
 
@@ -94,12 +96,28 @@ async def test_a_start_of_an_attempt_that_timed_out_adopts_what_placement_holds(
     assert await _events(queue, "j") == [("placed", 1), ("running", 1)]
 
 
-async def test_a_start_of_a_released_attempt_is_dropped(queue: QueueService) -> None:
-    # attempt 1 ran, was preempted and released; attempt 2 waits: attempt 1's late start changes nothing
-    await queue.store.put_job(_job(attempt=2, reason="requeued"), new=True)
-    assert (await queue.store.commit(AllocationRecord(job_id="j", attempt=1, nodes=[], committed_at=NOW))).ok
-    assert await queue.store.release("j")
+@pytest.mark.parametrize("released", [True, False])
+async def test_a_late_start_of_a_preempted_attempt_is_dropped(queue: QueueService, released: bool) -> None:
+    # attempt 1 was placed, then preempted and requeued as attempt 2; its release may not have reached
+    # placement yet (its allocation still there): attempt 1's late start or commit must not revive it
+    held = [NodeGpus("n0", [0])]
+    await queue.store.put_job(_job(attempt=2, floor=1, reason="requeued"), new=True)
+    assert (await queue.store.commit(AllocationRecord(job_id="j", attempt=1, nodes=held, committed_at=NOW))).ok
+    if released:
+        assert await queue.store.release("j")
     await queue.on_started(_started(1))
+    await queue.on_committed(Committed(job_id="j", attempt=1, nodes=held, at=NOW), {})
     rec = await queue.store.get_job("j")
     assert rec is not None and (rec.state, rec.attempt, rec.reason) == (JobState.PENDING, 2, "requeued")
     assert await _events(queue, "j") == []
+
+
+async def test_a_release_for_one_attempt_keeps_a_newer_attempts_gpus(queue: QueueService) -> None:
+    # the queue gives back a stale commit's GPUs by attempt: the job may hold a newer attempt's by then
+    placement = PlacementService(queue.deps)
+    held = [NodeGpus("n0", [0, 1])]
+    assert (await queue.store.commit(AllocationRecord(job_id="j", attempt=2, nodes=held, committed_at=NOW))).ok
+    await placement.release(ReleaseOrder(job_id="j", reason="job is cancelled", only_attempt=1), {})
+    assert await queue.store.gpu_owners("n0") == {0: "j", 1: "j"}
+    await placement.release(ReleaseOrder(job_id="j", reason="job is cancelled", only_attempt=2), {})
+    assert await queue.store.gpu_owners("n0") == {}
