@@ -32,6 +32,7 @@ import contextlib
 import logging
 import signal
 import uuid
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -208,19 +209,29 @@ class AgentService(Service):
         self.samples += 1
         return sample
 
+    def _phase(self, period: float) -> float:
+        """The first wait of a periodic loop: a fraction of the period fixed by the node's name, so that the
+        agents of a fleet started together don't all report in the same instant (bursts that stall the
+        receivers' event loops and every job event queued behind them)."""
+        return period * (zlib.crc32(self.node.encode()) / 2**32)
+
     async def _telemetry(self) -> None:
         period = self.deps.settings.telemetry_s
+        wait = self._phase(period)
         while not self.stop_event.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), timeout=period)
+                await asyncio.wait_for(self.stop_event.wait(), timeout=wait)
+            wait = period
             if not self.stop_event.is_set():
                 await self.send_telemetry()
 
     async def _heartbeats(self) -> None:
         period = self.deps.settings.heartbeat_s
+        wait = self._phase(period)
         while not self.stop_event.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), timeout=period)
+                await asyncio.wait_for(self.stop_event.wait(), timeout=wait)
+            wait = period
             if not self.stop_event.is_set():
                 await self.report()
 

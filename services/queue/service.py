@@ -544,16 +544,13 @@ class QueueService(Service):
         attempt = rec.attempt + 1
 
         def inflight(r: JobRecord) -> JobRecord | None:
-            if r.state is not JobState.PENDING or r.inflight_since is not None:
-                return None  # cancelled or decided by someone else meanwhile
+            if r.state is not JobState.PENDING or r.inflight_since is not None or r.attempt != rec.attempt:
+                return None  # committed already, cancelled or decided by someone else meanwhile
             r.attempt, r.inflight_since, r.allocation = attempt, now, nodes
             r.reason, r.updated_at = "placing", now
             return r
 
-        new, changed = await self.store.update_job(rec.id, inflight)
-        if not changed or new is None:
-            return
-        order = self._place_order(new, now)
+        order = self._place_order(msgspec.structs.replace(rec, attempt=attempt, allocation=nodes), now)
         parent = {"traceparent": rec.trace} if rec.trace else None
         attrs = {
             "rackscale.job_id": rec.id,
@@ -564,7 +561,15 @@ class QueueService(Service):
         }
         with self.tracer.span("queue.decide", parent, attrs):
             hdrs = self.tracer.headers()
-            await self.bus.publish(self.names.orders, order, msg_id=f"{rec.id}:{attempt}:place", headers=hdrs)
+            # The order goes out with the record's in-flight mark, not after it (one wait instead of two). Its
+            # commit may overtake the mark: on_committed and on_started adopt it, and the mark then finds the
+            # job placed and changes nothing. A job cancelled meanwhile gets its commit given back
+            # (on_committed). A crash between the two leaves the job undecided: decided again, its newer order
+            # is rejected (the job holds GPUs for this attempt, which on_committed adopts).
+            await asyncio.gather(
+                self.store.update_job(rec.id, inflight),
+                self.bus.publish(self.names.orders, order, msg_id=f"{rec.id}:{attempt}:place", headers=hdrs),
+            )
 
     async def _expire_inflight(self, rec: JobRecord, now: float) -> None:
         held = await self.store.allocation(rec.id)
