@@ -297,9 +297,11 @@ class _Cycle:
         sooner; otherwise (and always for the others) the earliest start anywhere.
         """
         before = self.sched.promised.get(req.job.id) if self.policy.sticky_reservations else None
-        if before is not None:
+        if before:
             topo = self.state.topo
             layers = self.policy.layers(self.state, req)
+            # only layouts of whole domain-level pieces can be confined to domains; ids from another topology
+            # (fewer domains) are dropped
             if layers and layers[-1][0] >= topo.domain and max(before) < len(topo.group_nodes[topo.domain]):
                 kept = self._earliest_start(req, runtime, demand, within=before)
                 if isinstance(kept, tuple):
