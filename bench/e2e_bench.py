@@ -2,11 +2,16 @@
 """End-to-end benchmark: the whole system (`services.stack.Stack`) on a 64-domain simulated fleet, over HTTP.
 
     python bench/e2e_bench.py [--domains 64] [--latency-jobs 300] [--throughput-s 10] [--clients 8]
-                              [--same-process] [--profile FILE.prof] [--agents-process] [--services-process]
+                              [--same-process] [--profile FILE.prof] [--agents-process]
+                              [--process inventory,migration,placement] [--services-process]
 
 The stack runs in this process with embedded NATS and Valkey: 64 NVL72 domains = 1,152 simulated agents
-(in-process, one fleet), heartbeat 1 s. A load generator — by default in a child process, as a real client
-would be, so it doesn't share the stack's event loop (`--same-process` puts it in) — then measures:
+(in-process, one fleet), heartbeat 1 s. `--agents-process` runs the agents in a child process instead (as
+they would run on their own nodes); `--process NAMES` runs those services as child processes, as they are
+deployed (`--services-process`: every service but the gateway). With everything in one event loop, the
+1,152 agents' heartbeats and telemetry that inventory handles queue in front of every job's messages. A
+load generator — by default in a child process, as a real client would be, so it doesn't share the
+stack's event loop (`--same-process` puts it in) — then measures:
 
 (a) latency: ~300 small jobs (1-4 GPUs, duration 0.2 s) submitted one at a time; for each, from the start of
     the POST to the `running` JobEvent for it, heard on a core NATS subscription to `names.job_events_all`;
