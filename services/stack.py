@@ -27,7 +27,7 @@ from services.migration.service import MigrationService
 from services.placement.service import PlacementService
 from services.queue.service import QueueService
 from shared.embedded import EmbeddedNats, EmbeddedValkey
-from shared.runtime import Deps, Service
+from shared.runtime import Deps, Service, settle_heap
 from shared.settings import Settings
 from shared.tracing import Tracer
 
@@ -104,6 +104,7 @@ class Stack:
             self.fleet = AgentFleet(deps, backends, log_dir=self.opts.log_dir)
             await self.fleet.start()
             await self.fleet.ready.wait()
+        settle_heap()
         return self
 
     async def _deps(self, name: str) -> Deps:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -161,6 +162,7 @@ async def run(service: Service) -> None:
     if port:
         ops = await OpsServer(service.metrics_text, service.healthy, port=port).start()
     await service.start()
+    settle_heap()
     log.info("%s started", service.name)
     await service.wait()
     log.info("%s stopping", service.name)
@@ -168,6 +170,14 @@ async def run(service: Service) -> None:
     if ops is not None:
         await ops.stop()
     await service.deps.close()
+
+
+def settle_heap() -> None:
+    """Once started: move what exists now (topology, clients, modules) out of the collector's reach. A full
+    collection otherwise walks all of it, tens of milliseconds at 64 domains during which no message is
+    handled; what is allocated afterwards is collected as usual."""
+    gc.collect()
+    gc.freeze()
 
 
 def setup_logging(level: str) -> None:
