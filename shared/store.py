@@ -190,8 +190,22 @@ class Store:
         node = NODE_RECORD.decode(raw_node) if raw_node else None
         return node, (NODE_HEALTH_STATE.decode(raw_health) if raw_health else None)
 
-    async def put_health_state(self, name: str, state: NodeHealthState) -> None:
-        await self.r.set(self.names.health_state_key(name), encode(state))
+    async def nodes_with_health(self, names: list[str]) -> dict[str, tuple[NodeRecord | None, NodeHealthState | None]]:
+        """Nodes' records and their health rules' states, in one round trip."""
+        if not names:
+            return {}
+        keys = [k for name in names for k in (self.names.node_key(name), self.names.health_state_key(name))]
+        raws = await self.r.mget(keys)
+        out: dict[str, tuple[NodeRecord | None, NodeHealthState | None]] = {}
+        for i, name in enumerate(names):
+            raw_node, raw_health = raws[2 * i], raws[2 * i + 1]
+            node = NODE_RECORD.decode(raw_node) if raw_node else None
+            out[name] = node, (NODE_HEALTH_STATE.decode(raw_health) if raw_health else None)
+        return out
+
+    async def put_health_states(self, states: Mapping[str, NodeHealthState]) -> None:
+        if states:
+            await self.r.mset({self.names.health_state_key(name): encode(st) for name, st in states.items()})
 
     async def delete_health_state(self, name: str) -> None:
         await self.r.delete(self.names.health_state_key(name))

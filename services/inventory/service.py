@@ -168,7 +168,7 @@ class InventoryService(Service):
             await self.bus.subscribe(
                 self.names.telemetry_all,
                 TELEMETRY,
-                lambda t, msg: self.health.on_message(t, msg, STORE_ERRORS),
+                self.health.on_message,
                 queue=QUEUE_GROUP,
             )
         )
@@ -179,6 +179,7 @@ class InventoryService(Service):
         await self.bus.nc.flush()
         self.spawn(self._timer(), "heartbeat-timer")
         self.spawn(self._flusher(), "heartbeat-flusher")
+        self.spawn(self.health.run(self.stop_event, STORE_ERRORS), "telemetry-batches")
 
     async def on_stop(self) -> None:
         for sub in self._subs:
