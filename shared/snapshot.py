@@ -89,6 +89,10 @@ def occupy_held(
     for rec in jobs.values():
         if rec.state is JobState.MIGRATING and rec.move is not None:
             occupy(state, rec.id + MOVE_SUFFIX, rec.move.target, rec, now, preemptible=False)
+        if rec.state in (JobState.PLACED, JobState.RUNNING, JobState.MIGRATING) and rec.id not in held:
+            # placed by its record but missing from the allocations (a view that lags, or a release on its
+            # way): its GPUs and its tenant's quota still count, or a cycle would hand them out again
+            occupy(state, rec.id, rec.allocation, rec, now, preemptible=False)
     return held
 
 

@@ -126,6 +126,8 @@ class Store:
         # the decoded form for `remembered_jobs` (read-only to callers).
         self._jobs_seen: dict[str, bytes] = {}
         self._jobs_decoded: dict[str, JobRecord] = {}
+        self._jobs_writes = 0  # counts what `_seen` took in: a read that overlapped a write mustn't undo it
+        self._jobs_written_at: dict[str, int] = {}
 
     @classmethod
     def from_url(cls, url: str, names: Names) -> Store:
@@ -298,6 +300,8 @@ class Store:
         return False, current
 
     def _seen(self, job_id: str, data: bytes | None, state: JobState | None) -> None:
+        self._jobs_writes += 1
+        self._jobs_written_at[job_id] = self._jobs_writes
         self._jobs_decoded.pop(job_id, None)
         if data is None or state in TERMINAL:
             self._jobs_seen.pop(job_id, None)
@@ -324,20 +328,20 @@ class Store:
         return JOB_RECORD.decode(raw) if raw else None
 
     async def get_jobs(self, ids: Iterable[str], *, remember: bool = False) -> list[JobRecord]:
-        """The records of the ids that exist; `remember` also keeps them for `remembered_jobs`."""
+        """The records of the ids that exist; `remember` also keeps them for `remembered_jobs` (except where
+        this store read or wrote the job again while the read was on its way: that is newer)."""
         ids = list(ids)
         if not ids:
             return []
+        since = self._jobs_writes
         raws = await self.r.mget([self.names.job_key(i) for i in ids])
         out = []
         for job_id, raw in zip(ids, raws, strict=True):
-            if raw:
-                rec = JOB_RECORD.decode(raw)
+            rec = JOB_RECORD.decode(raw) if raw else None
+            if rec is not None:
                 out.append(rec)
-                if remember:
-                    self._seen(job_id, raw, rec.state)
-            elif remember:
-                self._seen(job_id, None, None)
+            if remember and self._jobs_written_at.get(job_id, 0) <= since:
+                self._seen(job_id, raw, rec.state if rec is not None else None)
         return out
 
     async def undecided_job_ids(self) -> set[str]:
@@ -346,11 +350,15 @@ class Store:
 
     async def active_jobs(self, *, remember: bool = False) -> list[JobRecord]:
         """Every job not yet terminal; `remember` makes them exactly what `remembered_jobs` holds."""
+        since = self._jobs_writes
         ids = sorted(m.decode() for m in await self.r.smembers(self.names.active_jobs_key))
         jobs = await self.get_jobs(ids, remember=remember)
         if remember:
             for gone in set(self._jobs_seen) - {r.id for r in jobs}:
-                self._seen(gone, None, None)
+                if self._jobs_written_at.get(gone, 0) <= since:
+                    self._seen(gone, None, None)
+            # marks older than this read guard nothing any more: keep the table to the writes since
+            self._jobs_written_at = {j: n for j, n in self._jobs_written_at.items() if n > since}
         return jobs
 
     async def list_jobs(

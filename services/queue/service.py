@@ -476,8 +476,9 @@ class QueueService(Service):
         now = self.now()
         self.cycles += 1
         if full or not self.held.complete:
+            since = self.held.mark()
             jobs = {r.id: r for r in await self.store.active_jobs(remember=True)}
-            self.held.replace(await self.store.allocations())
+            self.held.replace(await self.store.allocations(), since)
         else:
             undecided = await self.store.undecided_job_ids()
             if not undecided:

@@ -17,10 +17,29 @@ class HeldView:
     def __init__(self) -> None:
         self._allocs: dict[str, AllocationRecord] = {}
         self.complete = False  # False until the first full read: kicked cycles read everything until then
+        self._tick = 0  # counts the events applied
+        self._changed_at: dict[str, int] = {}  # job → tick of its last event
 
-    def replace(self, allocs: Iterable[AllocationRecord]) -> None:
-        self._allocs = {a.job_id: a for a in allocs}
+    def mark(self) -> int:
+        """Call before a full read; pass the result to `replace`."""
+        return self._tick
+
+    def replace(self, allocs: Iterable[AllocationRecord], since: int) -> None:
+        """The full read, except for jobs whose events came while it was on its way: their events are newer."""
+        fresh = {a.job_id: a for a in allocs}
+        for job, tick in self._changed_at.items():
+            if tick > since:
+                if job in self._allocs:
+                    fresh[job] = self._allocs[job]
+                else:
+                    fresh.pop(job, None)
+        self._allocs = fresh
+        self._changed_at = {job: tick for job, tick in self._changed_at.items() if tick > since}
         self.complete = True
+
+    def _changed(self, job: str) -> None:
+        self._tick += 1
+        self._changed_at[job] = self._tick
 
     def committed(self, ev: Committed) -> None:
         held = self._allocs.get(ev.job_id)
@@ -28,11 +47,13 @@ class HeldView:
             self._allocs[ev.job_id] = AllocationRecord(
                 job_id=ev.job_id, attempt=ev.attempt, nodes=list(ev.nodes), committed_at=ev.at
             )
+        self._changed(ev.job_id)
 
     def released(self, ev: Released) -> None:
         held = self._allocs.get(ev.job_id)
         if held is not None and (not ev.attempt or held.attempt <= ev.attempt):
             del self._allocs[ev.job_id]
+        self._changed(ev.job_id)
 
     def allocations(self) -> list[AllocationRecord]:
         return list(self._allocs.values())

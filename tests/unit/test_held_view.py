@@ -1,0 +1,38 @@
+"""The queue's allocation view: a full read must not undo events that came while it was on its way."""
+
+from __future__ import annotations
+
+from services.queue.view import HeldView
+from shared.schemas import AllocationRecord, Committed, NodeGpus, Released
+
+
+def _alloc(job: str, attempt: int = 1) -> AllocationRecord:
+    return AllocationRecord(job_id=job, attempt=attempt, nodes=[NodeGpus("n0", [0])], committed_at=0.0)
+
+
+def _committed(job: str, attempt: int = 1) -> Committed:
+    return Committed(job_id=job, attempt=attempt, nodes=[NodeGpus("n0", [0])], at=0.0)
+
+
+def test_events_during_a_full_read_win_over_it() -> None:
+    view = HeldView()
+    view.replace([_alloc("old")], view.mark())
+    since = view.mark()
+    # while the read is on its way: "a" is committed, "old" released; the read saw neither
+    view.committed(_committed("a"))
+    view.released(Released(job_id="old", reason="done", at=0.0, attempt=1))
+    view.replace([_alloc("old"), _alloc("b")], since)
+    assert sorted(a.job_id for a in view.allocations()) == ["a", "b"]
+    # the next read is the truth again for them
+    view.replace([_alloc("b")], view.mark())
+    assert [a.job_id for a in view.allocations()] == ["b"]
+
+
+def test_a_late_release_of_an_older_attempt_keeps_the_newer_one() -> None:
+    view = HeldView()
+    view.replace([], view.mark())
+    view.committed(_committed("j", 2))
+    view.released(Released(job_id="j", reason="stale", at=0.0, attempt=1))
+    assert [(a.job_id, a.attempt) for a in view.allocations()] == [("j", 2)]
+    view.released(Released(job_id="j", reason="done", at=0.0, attempt=2))
+    assert view.allocations() == []
