@@ -186,12 +186,6 @@ class Store:
         names = sorted(m.decode() for m in await self.r.smembers(self.names.nodes_key))
         return [rec for rec in await self.get_nodes(names) if rec is not None]
 
-    async def node_with_health(self, name: str) -> tuple[NodeRecord | None, NodeHealthState | None]:
-        """A node's record and its health rules' state, in one round trip (a telemetry sample needs both)."""
-        raw_node, raw_health = await self.r.mget([self.names.node_key(name), self.names.health_state_key(name)])
-        node = NODE_RECORD.decode(raw_node) if raw_node else None
-        return node, (NODE_HEALTH_STATE.decode(raw_health) if raw_health else None)
-
     async def nodes_with_health(self, names: list[str]) -> dict[str, tuple[NodeRecord | None, NodeHealthState | None]]:
         """Nodes' records and their health rules' states, in one round trip."""
         if not names:
@@ -286,8 +280,7 @@ class Store:
         self, job_id: str, expected: bytes, data: bytes, new: JobRecord, score: float | None = None
     ) -> tuple[bool, bytes | None]:
         n = self.names
-        active = new.state not in TERMINAL
-        undecided = new.state is JobState.PENDING and new.inflight_since is None
+        active, undecided = _job_indexes(new)
         keys = [n.job_key(job_id), n.active_jobs_key, n.undecided_jobs_key, n.jobs_key]
         args = [expected, data, job_id, int(active), int(undecided), "" if score is None else repr(score)]
         res = await self._job_cas(keys=keys, args=args)
@@ -454,16 +447,16 @@ class Store:
         return out, matched
 
 
+def _job_indexes(rec: JobRecord) -> tuple[bool, bool]:
+    """Whether the job belongs in the active set and in the undecided set (its record decides both)."""
+    return rec.state not in TERMINAL, rec.state is JobState.PENDING and rec.inflight_since is None
+
+
 def _index_job(p: Pipeline, n: Names, rec: JobRecord) -> None:
     """The job's membership of the active and undecided sets, in the same transaction as its record."""
-    if rec.state in TERMINAL:
-        p.srem(n.active_jobs_key, rec.id)
-    else:
-        p.sadd(n.active_jobs_key, rec.id)
-    if rec.state is JobState.PENDING and rec.inflight_since is None:
-        p.sadd(n.undecided_jobs_key, rec.id)
-    else:
-        p.srem(n.undecided_jobs_key, rec.id)
+    active, undecided = _job_indexes(rec)
+    (p.sadd if active else p.srem)(n.active_jobs_key, rec.id)
+    (p.sadd if undecided else p.srem)(n.undecided_jobs_key, rec.id)
 
 
 def node_gpus(pairs: Iterable[tuple[str, Iterable[int]]]) -> list[NodeGpus]:

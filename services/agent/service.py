@@ -34,7 +34,7 @@ import signal
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,8 +136,8 @@ class AgentService(Service):
     async def start(self) -> None:
         self.started_at = self.now()
         await self.report()  # register before anything else
-        self.spawn(self._heartbeats(), "heartbeats")
-        self.spawn(self._telemetry(), "telemetry")
+        self.spawn(self._every(self.deps.settings.heartbeat_s, self.report), "heartbeats")
+        self.spawn(self._every(self.deps.settings.telemetry_s, self.send_telemetry), "telemetry")
         if self.consume:
             self.spawn(
                 self.bus.consume(
@@ -209,31 +209,17 @@ class AgentService(Service):
         self.samples += 1
         return sample
 
-    def _phase(self, period: float) -> float:
-        """The first wait of a periodic loop: a fraction of the period fixed by the node's name, so that the
-        agents of a fleet started together don't all report in the same instant (bursts that stall the
-        receivers' event loops and every job event queued behind them)."""
-        return period * (zlib.crc32(self.node.encode()) / 2**32)
-
-    async def _telemetry(self) -> None:
-        period = self.deps.settings.telemetry_s
-        wait = self._phase(period)
+    async def _every(self, period: float, action: Callable[[], Awaitable[object]]) -> None:
+        """Run `action` every `period` until stopped. The first wait is a fraction of the period fixed by the
+        node's name, so that the agents of a fleet started together don't all report in the same instant
+        (bursts that stall the receivers' event loops and every job event queued behind them)."""
+        wait = period * (zlib.crc32(self.node.encode()) / 2**32)
         while not self.stop_event.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop_event.wait(), timeout=wait)
             wait = period
             if not self.stop_event.is_set():
-                await self.send_telemetry()
-
-    async def _heartbeats(self) -> None:
-        period = self.deps.settings.heartbeat_s
-        wait = self._phase(period)
-        while not self.stop_event.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop_event.wait(), timeout=wait)
-            wait = period
-            if not self.stop_event.is_set():
-                await self.report()
+                await action()
 
     # -- commands ----------------------------------------------------------------------------------------
     async def handle(self, cmd: AgentCommand, headers: Mapping[str, str]) -> None:

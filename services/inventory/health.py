@@ -145,10 +145,9 @@ class HealthMonitor:
             except Exception:
                 log.exception("%d telemetry samples failed; the agents' next ones are the retry", len(batch))
 
-    async def evaluate_batch(self, batch: list[tuple[Telemetry, Msg | None]]) -> dict[str, list[GpuChange]]:
+    async def evaluate_batch(self, batch: list[tuple[Telemetry, Msg]]) -> None:
         """Evaluate samples (in order; several of one node step its rules in turn) under every node's lock;
-        returns each node's GPU health changes (already written and announced). A sample that can't be its
-        node's is dead-lettered, or raised as TelemetryError when it came without a message."""
+        GPU health changes are written and announced. A sample that can't be its node's is dead-lettered."""
         nodes = sorted({t.node for t, _ in batch})
         async with contextlib.AsyncExitStack() as held:
             for node in nodes:  # in name order: a batch never waits on another holding its later locks
@@ -156,7 +155,7 @@ class HealthMonitor:
             stored = await self.store.nodes_with_health(nodes)
             now = self.clock()
             states: dict[str, NodeHealthState] = {}
-            out: dict[str, list[GpuChange]] = {}
+            changed: dict[str, list[GpuChange]] = {}
             for t, msg in batch:
                 rec, state = stored[t.node]
                 if rec is None:
@@ -165,20 +164,17 @@ class HealthMonitor:
                 try:
                     check_sample(t, rec)
                 except TelemetryError as e:
-                    if msg is None:
-                        raise
                     await self.bus.dead_letter(msg.subject, msg.data, str(e))
                     continue
                 state = states.get(t.node) or state or NodeHealthState()
                 states[t.node] = state
-                out.setdefault(t.node, []).extend(evaluate(self.rules, state, t, now))
+                changed.setdefault(t.node, []).extend(evaluate(self.rules, state, t, now))
                 self.samples += 1
             await self.store.put_health_states(states)
-            for node, changes in out.items():
+            for node, changes in changed.items():
                 rec = stored[node][0]
                 assert rec is not None
                 await self._apply(rec, verdicts(states[node]), changes, "")
-            return out
 
     def metrics_text(self) -> bytes:
         """This replica's telemetry figures (the gateway's gauges already count down GPUs per domain)."""
@@ -199,7 +195,7 @@ class HealthMonitor:
     async def clear(self, node: str, why: str = "cleared by an operator") -> AdminReply:
         """Lift every rule verdict of the node, latched faults included (NodeAdmin clear_health)."""
         async with self.lock(node):
-            rec, state = await self.store.node_with_health(node)
+            rec, state = (await self.store.nodes_with_health([node]))[node]
             if rec is None:
                 return AdminReply(ok=False, error=f"unknown node {node}")
             changes = clear(state) if state is not None else []

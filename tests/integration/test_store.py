@@ -135,3 +135,27 @@ async def test_job_writes_from_two_stores_never_lose_each_other(redis_url: str, 
         await a.r.delete(*[k async for k in a.r.scan_iter(a.names.key_pattern)])
         await a.close()
         await b.close()
+
+
+async def test_a_full_read_makes_the_remembered_jobs_exactly_the_active_ones(redis_url: str, namespace: str) -> None:
+    a = await _store(redis_url, namespace)
+    b = Store.from_url(redis_url, a.names)  # another writer: a learns of its jobs only by reading
+    spec = JobBody(name="j", tenant="t", gpus=4)
+    try:
+        await a.create_job(JobRecord(id="mine", spec=spec))
+        await a.create_job(JobRecord(id="done", spec=spec))
+        await b.create_job(JobRecord(id="theirs", spec=spec))
+        await a.update_job("done", lambda r: msgspec.structs.replace(r, state=JobState.SUCCEEDED))
+        assert set(a.remembered_jobs()) == {"mine"}  # terminal jobs leave; b's job is unknown yet
+        await b.update_job("mine", lambda r: msgspec.structs.replace(r, reason="b wrote"))
+        assert a.remembered_jobs()["mine"].reason == ""  # stale until read
+        jobs = await a.active_jobs(remember=True)
+        assert {r.id for r in jobs} == set(a.remembered_jobs()) == {"mine", "theirs"}
+        assert a.remembered_jobs()["mine"].reason == "b wrote"
+        await b.update_job("theirs", lambda r: msgspec.structs.replace(r, state=JobState.CANCELLED))
+        await a.active_jobs(remember=True)
+        assert set(a.remembered_jobs()) == {"mine"}  # ended elsewhere: forgotten by the next full read
+    finally:
+        await a.r.delete(*[k async for k in a.r.scan_iter(a.names.key_pattern)])
+        await a.close()
+        await b.close()
