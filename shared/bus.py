@@ -38,6 +38,7 @@ Handler = Callable[[T, Mapping[str, str]], Awaitable[None]]
 DUPLICATE_WINDOW_S = 120.0
 RETRY_FIRST_S = 0.01  # first redelivery delay of a message whose handler raised Retry
 PUBLISH_TIMEOUT_S = 5.0  # for the acks of publish_all (nats-py's own default for one publish)
+TOP_UP_S = 0.02  # bound on fetching a backlog that another replica took meanwhile
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,14 @@ class Outgoing:
 
 
 _UNDECODABLE = object()
+
+
+def _backlog(m: Msg) -> int:
+    """How many more messages the consumer had waiting when `m` was delivered (0 if it can't tell)."""
+    try:
+        return max(0, int(m.metadata.num_pending))
+    except Exception:
+        return 0
 
 
 def _lane(key: Callable[[Any], str], obj: Any) -> str:
@@ -183,9 +192,15 @@ class Bus:
         sub = await self.js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
         if ready is not None:
             ready.set()
+        # A waiting fetch of n > 1 returns only when n messages came or it times out (nats-py waits for the
+        # batch to fill once the first message is in). So the waiting fetch asks for one message, which goes
+        # through the moment it comes, and a second fetch takes what the consumer's backlog says is ready.
         while not stop.is_set():
             try:
-                msgs = await sub.fetch(batch, timeout=0.25)
+                msgs = await sub.fetch(1, timeout=0.25)
+                if ready_too := min(batch - 1, _backlog(msgs[-1])):
+                    with contextlib.suppress(nats.errors.TimeoutError, TimeoutError):
+                        msgs += await sub.fetch(ready_too, timeout=TOP_UP_S)
             except (nats.errors.TimeoutError, TimeoutError):
                 continue
             except Exception:

@@ -90,7 +90,7 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
     publish: dict[str, list[str]] = {
         "gateway": [n.job_submit, n.job_cancel, n.node_admin],
         "inventory": [n.node_events],
-        "queue": [n.job_event("*"), n.orders],
+        "queue": [n.job_event("*"), n.orders, n.cycle_kick],  # a replica kicks the leader's cycle
         "placement": [n.placement_events, n.agent_cmd("*")],
         "migration": [
             n.job_move,

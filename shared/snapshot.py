@@ -77,13 +77,18 @@ def movable_allocation(rec: JobRecord | None, alloc: AllocationRecord) -> bool:
 
 
 def occupy_held(
-    state: ClusterState, allocations: Iterable[AllocationRecord], jobs: Mapping[str, JobRecord], now: float
+    state: ClusterState,
+    allocations: Iterable[AllocationRecord],
+    jobs: Mapping[str, JobRecord],
+    now: float,
+    ended: Mapping[str, JobRecord] | None = None,
 ) -> set[str]:
     """Every committed allocation into the state, and the targets of moves under way (nobody else may take
-    them before the job restores there); returns the ids of the jobs holding GPUs."""
+    them before the job restores there); returns the ids of the jobs holding GPUs. `ended`: records of jobs
+    that ended but may still hold GPUs (their release on its way), so those count for their tenant's quota."""
     held: set[str] = set()
     for alloc in allocations:
-        rec = jobs.get(alloc.job_id)
+        rec = jobs.get(alloc.job_id) or (ended or {}).get(alloc.job_id)
         occupy(state, alloc.job_id, alloc.nodes, rec, now, preemptible=movable_allocation(rec, alloc))
         held.add(alloc.job_id)
     for rec in jobs.values():

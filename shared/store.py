@@ -256,17 +256,18 @@ class Store:
             if raw is None:
                 self._seen(job_id, None, None)
                 return None, False
+            failed: Exception | None = None
             try:
                 new = change(JOB_RECORD.decode(raw))
-            except Exception:
-                if remembered and (fresh := await self.r.get(key)) != raw:
-                    raw, remembered = fresh, False
-                    continue
-                raise
+            except Exception as e:
+                new, failed = None, e
             if new is None:
+                # decided on a remembered record that is no longer the stored one: decide again on that one
                 if remembered and (fresh := await self.r.get(key)) != raw:
                     raw, remembered = fresh, False
                     continue
+                if failed is not None:
+                    raise failed
                 stored = JOB_RECORD.decode(raw)
                 self._seen(job_id, raw, stored.state)
                 return stored, False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ IDEMPOTENCY_NAMESPACE = uuid.UUID("3d1f0c52-7a4e-5b8e-9c61-2f4a8e0b7d93")
 MAX_BODY = 1 << 20
 MAX_PAGE = 500
 DEFAULT_PAGE = 50
+# A submission is checked against a registered topology up to this old (no round trip for it). Nodes are
+# only added (a down node keeps its record), so a stale topology can only refuse too much: a job it refuses
+# is checked again against the current one. Without any node registered the current one is always read.
+SUBMIT_TOPOLOGY_MAX_AGE_S = 1.0
 SSE_QUEUE = 1024  # frames buffered per SSE client; a client further behind is disconnected (it reconnects)
 
 DRAIN_BODY = msgspec.json.Decoder(views.DrainBody)
@@ -138,13 +143,20 @@ class Gateway:
         self.admin_timeout_s = admin_timeout_s
         self._snapshot: Snapshot | None = None
         self._snapshot_lock = asyncio.Lock()
+        self._snapshot_checked = -float("inf")  # monotonic time `topo:gen` was last read
         self._streams: set[_Stream] = set()
 
     # -- helpers ---------------------------------------------------------------------------------------
-    async def snapshot(self) -> Snapshot:
-        """Topology of the registered nodes, rebuilt only when inventory bumped the generation."""
+    async def snapshot(self, max_age_s: float = 0.0) -> Snapshot:
+        """Topology of the registered nodes, rebuilt only when inventory bumped the generation; with
+        `max_age_s`, a registered topology's generation isn't asked again that soon."""
         store = self.deps.store
+        mono = time.monotonic()
+        known = self._snapshot is not None and self._snapshot.topology is not None
+        if known and mono - self._snapshot_checked < max_age_s:
+            return self._snapshot
         gen = await store.topology_generation()
+        self._snapshot_checked = mono
         if self._snapshot is not None and self._snapshot.generation == gen:
             return self._snapshot
         async with self._snapshot_lock:
@@ -181,8 +193,10 @@ class Gateway:
                 return await self._resubmitted(existing, body)
         else:
             job_id = uuid.uuid4().hex
-        snap = await self.snapshot()
-        error = check_shape(job_spec(body, job_id), snap.topology)
+        spec = job_spec(body, job_id)
+        error = check_shape(spec, (await self.snapshot(SUBMIT_TOPOLOGY_MAX_AGE_S)).topology)
+        if error is not None:
+            error = check_shape(spec, (await self.snapshot()).topology)
         if error is not None:
             return api_error(error)
         msg = JobSubmitted(job_id=job_id, spec=body, submitted_at=self.now())

@@ -25,7 +25,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -81,6 +81,14 @@ def _job(msg: Any) -> str:
     return str(getattr(msg, "job_id", ""))
 
 
+def _next_attempt(r: JobRecord, reason: str, now: float, allocation: list[NodeGpus] | None = None) -> None:
+    """Back to pending as a new attempt. The current one is over: `floor` makes its late commits and starts
+    stale. `allocation`: where the new attempt's order already goes (a move's target)."""
+    r.floor = r.attempt
+    r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, r.attempt + 1, allocation or [], []
+    r.started_ranks, r.exit_codes, r.move, r.reason, r.updated_at = [], {}, None, reason, now
+
+
 def _not_before_commit(rec: JobRecord, attempt: int) -> None:
     """Agent events and placement events come through separate consumers: a rank can report before
     the queue has seen its commit. Such an event is redelivered later instead of dropped. (on_started
@@ -98,6 +106,12 @@ class QueueService(Service):
         tenants = tenants_from_settings(deps.settings)  # quotas and weights (RACKSCALE_TENANTS_FILE)
         self.scheduler = Scheduler(config or CycleConfig(policy=deps.settings.policy, tenants=tenants))
         self.kick = asyncio.Event()
+        # a kick from the bus (another replica wrote a job this one may not know): the next kicked cycle asks
+        # the store for the undecided ids; its own kicks decide on what this replica wrote (no round trip)
+        self._foreign = True
+        self._kicks_out: set[asyncio.Task[None]] = set()
+        # jobs this replica ended whose GPUs may not be released yet: they still count for their tenant's quota
+        self._ended: dict[str, JobRecord] = {}
         self.instance = uuid.uuid4().hex[:12]
         self.cycles = 0
         self._topo = TopologyView(deps.store)
@@ -121,7 +135,33 @@ class QueueService(Service):
         self.spawn(self.cycle_loop(), "cycle")
 
     async def _on_kick(self, _msg: Any) -> None:
+        self._foreign = True
         self.kick.set()
+
+    def wake(self) -> None:
+        """Run a cycle soon. A replica that isn't the leader (as far as it knows) also tells the leader over the
+        bus, since its writes aren't in the leader's memory; core NATS, so a lost kick costs one timer period."""
+        self.kick.set()
+        if time.monotonic() < self._lease_trusted_until:
+            return
+        task = asyncio.ensure_future(self._kick_leader())
+        self._kicks_out.add(task)
+        task.add_done_callback(self._kicks_out.discard)
+
+    async def _update(
+        self, job_id: str, change: Callable[[JobRecord], JobRecord | None]
+    ) -> tuple[JobRecord | None, bool]:
+        """`Store.update_job`, keeping the record of a job this replica ended until its GPUs are released."""
+        rec, changed = await self.store.update_job(job_id, change)
+        if changed and rec is not None and rec.state in TERMINAL:
+            self._ended[rec.id] = rec
+        return rec, changed
+
+    async def _kick_leader(self) -> None:
+        try:
+            await self.bus.nc.publish(self.names.cycle_kick, b"")
+        except Exception as e:  # the leader's timer is the fallback
+            log.warning("could not kick the leader's cycle: %s", e)
 
     # -- events out ----------------------------------------------------------------------------------------
     def event(self, rec: JobRecord, headers: Mapping[str, str] | None = None) -> Outgoing:
@@ -179,7 +219,7 @@ class QueueService(Service):
         # The event goes out also on redelivery (it may not have gone out). Its PUB is on the wire before the
         # kicked cycle runs, so it precedes every later event of the job; the cycle needn't wait for its ack.
         emitted = asyncio.create_task(self.emit(stored, headers))
-        self.kick.set()
+        self.wake()
         await emitted
 
     async def on_cancel(self, msg: JobCancel) -> None:
@@ -194,7 +234,7 @@ class QueueService(Service):
             rec.inflight_since = None
             return rec
 
-        rec, changed = await self.store.update_job(msg.job_id, cancel)
+        rec, changed = await self._update(msg.job_id, cancel)
         if rec is None:
             return
         if rec.state is JobState.CANCELLED:
@@ -203,7 +243,7 @@ class QueueService(Service):
             # release even if nothing is held: an order may be in flight (idempotent at placement)
             await self.release(rec, msg.reason)
         if changed:
-            self.kick.set()
+            self.wake()
 
     # -- events in -----------------------------------------------------------------------------------------
     async def on_event(self, ev: Any, headers: Mapping[str, str]) -> None:
@@ -213,7 +253,9 @@ class QueueService(Service):
             await self.on_rejected(ev)
         elif isinstance(ev, Released):
             self.held.released(ev)
-            self.kick.set()  # GPUs came free
+            if (ended := self._ended.get(ev.job_id)) is not None and ended.attempt == ev.attempt:
+                del self._ended[ev.job_id]
+            self.wake()  # GPUs came free
         elif isinstance(ev, RankStarted):
             await self.on_started(ev)
         elif isinstance(ev, RankExited):
@@ -238,7 +280,7 @@ class QueueService(Service):
             rec.started_ranks, rec.exit_codes = [], {}
             return rec
 
-        rec, _ = await self.store.update_job(ev.job_id, placed)
+        rec, _ = await self._update(ev.job_id, placed)
         if rec is None:
             return
         if rec.state in TERMINAL or rec.attempt != ev.attempt:
@@ -271,9 +313,9 @@ class QueueService(Service):
             rec.inflight_since, rec.reason, rec.updated_at = None, f"placement retry: {ev.reason}", now
             return rec
 
-        _, changed = await self.store.update_job(ev.job_id, back)
+        _, changed = await self._update(ev.job_id, back)
         if changed:
-            self.kick.set()
+            self.wake()
 
     async def on_started(self, ev: RankStarted) -> None:
         now = self.now()
@@ -319,7 +361,7 @@ class QueueService(Service):
                 held, asked = await self.store.allocation(ev.job_id), True  # rare: an older attempt's late commit
             nodes = held.nodes if held is not None else cached.allocation
             domains = await self._domains([ng.node for ng in nodes])
-        rec, changed = await self.store.update_job(ev.job_id, started)
+        rec, changed = await self._update(ev.job_id, started)
         if rec is None or rec.attempt != ev.attempt or not changed:
             return
         if rec.state is not JobState.RUNNING and not adopted:
@@ -375,23 +417,23 @@ class QueueService(Service):
                 rec.move = None  # it ended before its checkpoint: nothing left to move
             return rec
 
-        rec, _ = await self.store.update_job(ev.job_id, exited)
+        rec, _ = await self._update(ev.job_id, exited)
         if rec is not None and rec.state in (JobState.SUCCEEDED, JobState.FAILED) and rec.attempt == ev.attempt:
             await self.emit(rec)
             await self.release(rec, f"job {rec.state}")
-            self.kick.set()
+            self.wake()
 
     async def on_node(self, ev: NodeChanged) -> None:
         self._topo.invalidate()
         if ev.state != "down":
-            self.kick.set()
+            self.wake()
             return
         for rec in await self.store.active_jobs():
             if rec.state not in HOLDING:
                 continue
             if any(ng.node == ev.node for ng in rec.allocation):
                 await self._lose(rec.id, rec.attempt, ev.node, f"node {ev.node} went down: {ev.reason}")
-        self.kick.set()
+        self.wake()
 
     async def _lose(self, job_id: str, attempt: int, node: str, reason: str) -> None:
         """A placed/running attempt lost a node under it: requeue it, or fail it by its on_node_failure."""
@@ -400,17 +442,13 @@ class QueueService(Service):
         def fail_or_requeue(r: JobRecord) -> JobRecord | None:
             if r.attempt != attempt or r.state not in HOLDING:
                 return None
-            r.move = None
             if r.spec.on_node_failure == "fail":
-                r.state, r.ended_at, r.reason = JobState.FAILED, now, reason
+                r.state, r.ended_at, r.reason, r.move, r.updated_at = JobState.FAILED, now, reason, None, now
             else:
-                r.state, r.reason = JobState.PENDING, f"requeued: {reason}"
-                r.attempt, r.allocation, r.domains, r.started_ranks, r.exit_codes = attempt + 1, [], [], [], {}
-                r.floor = attempt
-            r.updated_at = now
+                _next_attempt(r, f"requeued: {reason}", now)
             return r
 
-        new, changed = await self.store.update_job(job_id, fail_or_requeue)
+        new, changed = await self._update(job_id, fail_or_requeue)
         if new is not None and changed:
             await self.emit(new)
             await self.bus.publish(
@@ -419,7 +457,7 @@ class QueueService(Service):
                 msg_id=f"{job_id}:{attempt}:release:node",
                 headers=_trace(new),
             )
-            self.kick.set()
+            self.wake()
 
     # -- the cycle -----------------------------------------------------------------------------------------
     async def cycle_loop(self) -> None:
@@ -469,22 +507,23 @@ class QueueService(Service):
     async def run_cycle(self, *, full: bool = True) -> None:
         """One scheduling cycle. The timer's cycles (`full`) read every active job and allocation, so an order
         in flight past its timeout is taken back within a period and the views below are put right. A kicked
-        cycle reads only the ids of the pending jobs waiting for a decision (one SMEMBERS; most kicks, from
-        commits, starts and exits, leave none) and otherwise decides on what this replica keeps: the job
-        records it wrote or read (`Store.remembered_jobs`) and the allocations placement's events told it
-        (`HeldView`). A stale view costs a rejected order at worst: the commit script checks every GPU."""
+        cycle decides on what this replica keeps: the job records it wrote or read (`Store.remembered_jobs`)
+        and the allocations placement's events told it (`HeldView`); only after a kick from another replica
+        (`wake`) does it also ask for the ids of the undecided jobs (one SMEMBERS). A stale view costs a
+        rejected order at worst: the commit script checks every GPU."""
         now = self.now()
         self.cycles += 1
         if full or not self.held.complete:
+            self._foreign = False  # the full read below covers every replica's writes
             since = self.held.mark()
             jobs = {r.id: r for r in await self.store.active_jobs(remember=True)}
             self.held.replace(await self.store.allocations(), since)
+            holding = {a.job_id for a in self.held.allocations()}
+            self._ended = {j: r for j, r in self._ended.items() if j in holding}
         else:
-            undecided = await self.store.undecided_job_ids()
-            if not undecided:
-                return
+            foreign, self._foreign = self._foreign, False
             jobs = self.store.remembered_jobs()
-            if unknown := undecided - jobs.keys():  # written by another replica
+            if foreign and (unknown := await self.store.undecided_job_ids() - jobs.keys()):  # another replica's
                 jobs.update((r.id, r) for r in await self.store.get_jobs(unknown, remember=True))
         if not any(r.state is JobState.PENDING for r in jobs.values()):
             return  # most kicks (exits, releases, heartbeats' changes) leave nothing to decide: skip the reads
@@ -493,7 +532,7 @@ class QueueService(Service):
             return  # no GPU node has registered yet: jobs keep waiting with their intake reason
         topo = known[0]
         state = self._topo.empty_state()
-        held = occupy_held(state, self.held.allocations(), jobs, now)
+        held = occupy_held(state, self.held.allocations(), jobs, now, ended=self._ended)
         pending: list[JobSpec] = []
         for rec in jobs.values():
             if rec.state is not JobState.PENDING:
@@ -520,7 +559,7 @@ class QueueService(Service):
             elif isinstance(d, Preempt):
                 if not await self._preempt(d, now):
                     blocked.add(d.for_job)
-                    self.kick.set()
+                    self.wake()
             # most cycles change no reason: skip those round trips
             elif isinstance(d, Pending | Reserve) and jobs[d.job_id].reason != d.reason:
                 await self._set_reason(d.job_id, d.reason, now)
@@ -567,9 +606,9 @@ class QueueService(Service):
             # job placed and changes nothing. A job cancelled meanwhile gets its commit given back
             # (on_committed). A crash between the two leaves the job undecided: decided again, its newer order
             # is rejected (the job holds GPUs for this attempt, which on_committed adopts).
-            await asyncio.gather(
-                self.store.update_job(rec.id, inflight),
+            await asyncio.gather(  # the order first: it is on the path to the job's start, the mark isn't
                 self.bus.publish(self.names.orders, order, msg_id=f"{rec.id}:{attempt}:place", headers=hdrs),
+                self._update(rec.id, inflight),
             )
 
     async def _expire_inflight(self, rec: JobRecord, now: float) -> None:
@@ -584,7 +623,7 @@ class QueueService(Service):
             r.inflight_since, r.reason, r.updated_at = None, "placement did not answer; deciding again", now
             return r
 
-        await self.store.update_job(rec.id, retry)
+        await self._update(rec.id, retry)
 
     async def _preempt(self, d: Preempt, now: float) -> bool:
         """Move the victim out; False when it isn't placed or running any more (its GPUs aren't freed)."""
@@ -595,7 +634,7 @@ class QueueService(Service):
             r.state, r.reason, r.updated_at = JobState.PREEMPTED, f"preempted for job {d.for_job}", now
             return r
 
-        rec, changed = await self.store.update_job(d.job_id, requeue)
+        rec, changed = await self._update(d.job_id, requeue)
         if rec is None or not changed:
             return False
         await self.emit(rec)
@@ -605,13 +644,10 @@ class QueueService(Service):
         def pending(r: JobRecord) -> JobRecord | None:
             if r.state is not JobState.PREEMPTED or r.attempt != attempt:
                 return None
-            r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, attempt + 1, [], []
-            r.floor = attempt
-            r.started_ranks, r.exit_codes, r.updated_at = [], {}, now
-            r.reason = f"requeued after preemption for job {d.for_job}"
+            _next_attempt(r, f"requeued after preemption for job {d.for_job}", now)
             return r
 
-        rec, changed = await self.store.update_job(d.job_id, pending)
+        rec, changed = await self._update(d.job_id, pending)
         if rec is not None and changed:
             await self.emit(rec)
         return True
@@ -635,7 +671,7 @@ class QueueService(Service):
             r.move = MoveTicket(migration_id=m.migration_id, target=list(m.target), reason=m.reason, since=now)
             return r
 
-        rec, _ = await self.store.update_job(m.job_id, migrate)
+        rec, _ = await self._update(m.job_id, migrate)
         if rec is None or rec.state is not JobState.MIGRATING or rec.move is None:
             return
         if rec.move.migration_id != m.migration_id or rec.attempt != m.attempt:
@@ -664,21 +700,18 @@ class QueueService(Service):
                 r.move = msgspec.structs.replace(mv, acked=acks, ran_s=ran)
                 return r
             if not mv.target:  # every rank stopped: requeue (or fail) without a restore
-                r.allocation, r.domains, r.started_ranks, r.exit_codes, r.move = [], [], [], {}, None
                 if r.spec.on_node_failure == "fail":
+                    r.allocation, r.domains, r.started_ranks, r.exit_codes, r.move = [], [], [], {}, None
                     r.state, r.ended_at, r.reason = JobState.FAILED, now, f"evacuated: {mv.reason}"
                 else:
-                    r.state, r.attempt, r.reason = JobState.PENDING, ev.attempt + 1, f"requeued: evacuated: {mv.reason}"
-                    r.floor = ev.attempt
+                    _next_attempt(r, f"requeued: evacuated: {mv.reason}", now)
                 return r
-            r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, ev.attempt + 1, list(mv.target), []
-            r.floor = ev.attempt
-            r.started_ranks, r.exit_codes, r.inflight_since, r.move = [], {}, now, None
-            r.ran_s, r.checkpoint = r.ran_s + ran, f"{r.id}:{ev.attempt}"
-            r.reason = "migrating: restoring on " + ", ".join(ng.node for ng in mv.target)
+            checkpoint = f"{r.id}:{r.attempt}"
+            _next_attempt(r, "migrating: restoring on " + ", ".join(ng.node for ng in mv.target), now, list(mv.target))
+            r.inflight_since, r.ran_s, r.checkpoint = now, r.ran_s + ran, checkpoint
             return r
 
-        rec, changed = await self.store.update_job(ev.job_id, acked)
+        rec, changed = await self._update(ev.job_id, acked)
         if rec is None or not changed or rec.state is JobState.MIGRATING:
             return
         await self.emit(rec)
@@ -689,7 +722,7 @@ class QueueService(Service):
                 msg_id=f"{rec.id}:{ev.attempt}:release:evacuate",
                 headers=_trace(rec),
             )
-            self.kick.set()
+            self.wake()
             return
         # release first: placement handles orders in order, so the pinned commit finds the GPUs free
         await self.bus.publish(
@@ -710,13 +743,10 @@ class QueueService(Service):
             if r.state is not JobState.MIGRATING or r.move is None or r.move.migration_id != m.migration_id:
                 return None
             attempt.append(r.attempt)
-            r.floor = r.attempt
-            r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, r.attempt + 1, [], []
-            r.started_ranks, r.exit_codes, r.move, r.updated_at = [], {}, None, now
-            r.reason = f"requeued: move aborted ({m.reason})"
+            _next_attempt(r, f"requeued: move aborted ({m.reason})", now)
             return r
 
-        rec, changed = await self.store.update_job(m.job_id, abort)
+        rec, changed = await self._update(m.job_id, abort)
         if rec is None or not changed:
             return
         await self.emit(rec)
@@ -726,7 +756,7 @@ class QueueService(Service):
             msg_id=f"{rec.id}:{attempt[0]}:release:abort",
             headers=_trace(rec),
         )
-        self.kick.set()
+        self.wake()
 
     async def _set_reason(self, job_id: str, reason: str, now: float) -> None:
         def why(r: JobRecord) -> JobRecord | None:
@@ -735,4 +765,4 @@ class QueueService(Service):
             r.reason, r.updated_at = reason, now
             return r
 
-        await self.store.update_job(job_id, why)
+        await self._update(job_id, why)

@@ -8,7 +8,7 @@ written): n00 stays held until the acks, n02 is held for the restore, and neithe
 
 from __future__ import annotations
 
-from shared.core import Allocate, ClusterState, CycleConfig, Preempt, Scheduler, Topology
+from shared.core import Allocate, ClusterState, CycleConfig, Pending, Preempt, Scheduler, TenantPolicy, Topology
 from shared.jobs import job_spec
 from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, MoveTicket, NodeGpus
 from shared.snapshot import MOVE_SUFFIX, UNPREEMPTIBLE, occupy_held
@@ -46,3 +46,25 @@ def test_a_running_job_on_its_own_allocation_stays_a_victim() -> None:
     occupy_held(state, [AllocationRecord(job_id="r", attempt=1, nodes=r.allocation, committed_at=0.0)], {"r": r}, 0.0)
     assert state.allocs["r"].priority == 1
     assert "r" + MOVE_SUFFIX not in state.allocs
+
+
+def test_an_ended_job_whose_release_is_on_its_way_still_counts_for_its_tenants_quota() -> None:
+    """The queue drops an ended job from its view before placement has freed its GPUs: the allocation still
+    counts for the tenant (`ended`), or the next cycle would let the tenant over its quota for a moment."""
+    topo = Topology.uniform(1, nodes_per_domain=3, gpus_per_node=4)
+    done = record("done", JobState.SUCCEEDED, [NodeGpus("d00-n00", ALL)])
+    alloc = AllocationRecord(job_id="done", attempt=1, nodes=done.allocation, committed_at=0.0)
+    nxt = record("next", JobState.PENDING, [])
+    config = CycleConfig(policy="rackscale", tenants={"t": TenantPolicy(quota_gpus=4)})
+
+    unknown = ClusterState(topo)
+    occupy_held(unknown, [alloc], {}, 0.0)  # without the record, the GPUs are held by nobody's tenant
+    assert any(
+        isinstance(d, Allocate) for d in Scheduler(config).cycle(unknown, [job_spec(nxt.spec, nxt.id)], 0.0).decisions
+    )
+
+    state = ClusterState(topo)
+    assert occupy_held(state, [alloc], {}, 0.0, ended={"done": done}) == {"done"}
+    assert state.free == [0, 0b1111, 0b1111] and state.allocs["done"].priority == UNPREEMPTIBLE
+    decisions = Scheduler(config).cycle(state, [job_spec(nxt.spec, nxt.id)], 0.0).decisions
+    assert [d.code.name for d in decisions if isinstance(d, Pending)] == ["QUOTA"], decisions
