@@ -336,6 +336,17 @@ async def test_a_batch_of_heartbeats_writes_liveness_once_and_records_only_for_c
     assert await inv.store.r.get(h.names.node_key("d00-n01")) == raw_n01
     assert await h.redis.zscore(h.names.heartbeats_key, "d00-n01") == clock.t
 
+    # and so is a batch of them, while a registration in the same batch that changes something is written
+    clock.t += 0.1
+    gen = await inv.store.topology_generation()
+    changed = AgentRegister(node="d00-n00", cluster_uuid="d00", clique_id=0, gpus=sick)  # was down, one GPU sick
+    await inv.registrations([register_msg("d00-n01"), changed])
+    assert await inv.store.r.get(h.names.node_key("d00-n01")) == raw_n01
+    assert await h.redis.zscore(h.names.heartbeats_key, "d00-n01") == clock.t
+    n00 = await inv.store.get_node("d00-n00")
+    assert n00 is not None and n00.state == "up" and n00.gpu_health == {"1": "degraded"}
+    assert await inv.store.topology_generation() > gen
+
 
 async def test_gpu_health_from_heartbeats(harness: Harness) -> None:
     h, clock = harness, FakeClock()
