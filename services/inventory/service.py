@@ -37,7 +37,7 @@ import msgspec
 import redis.exceptions
 from nats.aio.msg import Msg
 
-from services.inventory.health import HealthMonitor, load_rules
+from services.inventory.health import BATCH_WINDOW_S, HealthMonitor, load_rules
 from shared.core.topology_io.agents import NO_FABRIC_UUIDS
 from shared.health import HealthRules, merge_health
 from shared.runtime import Deps, Service
@@ -281,6 +281,7 @@ class InventoryService(Service):
         while not self.stop_event.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._beat.wait(), timeout=self.check_interval_s)
+                await asyncio.sleep(BATCH_WINDOW_S)  # let a batch gather
             self._beat.clear()
             regs, self._regs = self._regs, {}
             if regs:  # before the heartbeats: a node's first beats may come with its first registration
