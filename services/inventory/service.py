@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import msgspec
@@ -284,23 +285,21 @@ class InventoryService(Service):
                 await asyncio.sleep(BATCH_WINDOW_S)  # let a batch gather
             self._beat.clear()
             regs, self._regs = self._regs, {}
-            if regs:  # before the heartbeats: a node's first beats may come with its first registration
-                try:
-                    await self.registrations(list(regs.values()))
-                except STORE_ERRORS as e:
-                    log.warning("%d registrations dropped, Redis unavailable: %s", len(regs), e)
-                except Exception:
-                    log.exception("%d registrations failed; the agents register again", len(regs))
-            batch, self._beats = self._beats, {}
-            if not batch:
-                continue
-            try:
-                await self.heartbeats(list(batch.values()))
-            except STORE_ERRORS as e:
-                # Heartbeats are periodic: the agents' next ones are the retry.
-                log.warning("%d heartbeats dropped, Redis unavailable: %s", len(batch), e)
-            except Exception:
-                log.exception("%d heartbeats failed; the agents' next ones are the retry", len(batch))
+            beats, self._beats = self._beats, {}
+            # registrations first: a node's first beats may come in the batch of its first registration
+            await self._flush("registrations", self.registrations, list(regs.values()))
+            await self._flush("heartbeats", self.heartbeats, list(beats.values()))
+
+    async def _flush(self, what: str, handle: Callable[[list[Any]], Awaitable[object]], batch: list[Any]) -> None:
+        """Handle one batch of periodic reports; a failure loses only them (the agents' next ones are the retry)."""
+        if not batch:
+            return
+        try:
+            await handle(batch)
+        except STORE_ERRORS as e:
+            log.warning("%d %s dropped, Redis unavailable: %s", len(batch), what, e)
+        except Exception:
+            log.exception("%d %s failed; the agents' next ones are the retry", len(batch), what)
 
     async def heartbeat(self, hb: Heartbeat) -> NodeRecord | None:
         """Refresh a registered node; None (and nothing written) for a node that never registered."""
