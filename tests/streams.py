@@ -28,7 +28,7 @@ async def read_stream(nc: NatsClient, names: Names, subject: str, *, timeout: fl
         while True:
             try:
                 msgs = await sub.fetch(512, timeout=timeout)
-            except nats.errors.TimeoutError:
+            except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either, depending on the step
                 break
             out += msgs
             if not msgs or msgs[-1].metadata.num_pending == 0:

@@ -73,7 +73,7 @@ class Gw:
         sub = await self.js.pull_subscribe(subject, durable=durable, stream=self.names.stream_for(subject))
         try:
             return list(await sub.fetch(n, timeout=timeout))
-        except nats.errors.TimeoutError:
+        except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either, depending on the step
             return []
         finally:
             await sub.unsubscribe()
