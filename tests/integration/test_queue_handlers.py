@@ -7,6 +7,7 @@ placed event logged before the running one, and never dropped (the job would sta
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -121,3 +122,34 @@ async def test_a_release_for_one_attempt_keeps_a_newer_attempts_gpus(queue: Queu
     assert await queue.store.gpu_owners("n0") == {0: "j", 1: "j"}
     await placement.release(ReleaseOrder(job_id="j", reason="job is cancelled", only_attempt=2), {})
     assert await queue.store.gpu_owners("n0") == {}
+
+
+async def test_a_job_another_replica_took_in_reaches_the_leaders_kicked_cycle(
+    queue: QueueService, nats_url: str, redis_url: str, namespace: str
+) -> None:
+    # the leader's kicked cycles decide on what it wrote itself; a job another replica stored is in no memory
+    # of the leader's until that replica's kick (queue.kick) makes the leader ask for the undecided ids
+    leader = queue
+    names = Names(prefix=namespace)
+    deps = await Deps.connect(Settings(prefix=namespace), "queue", nats_url, redis_url, names, clock=lambda: NOW)
+    try:
+        other = QueueService(deps)
+        assert await leader._lead() and not await other._lead()
+        await leader.bus.nc.subscribe(names.cycle_kick, cb=leader._on_kick)
+        await leader.run_cycle(full=True)  # the leader's view is complete; nothing foreign since
+        await other.store.create_job(_job(state=JobState.PENDING))
+
+        await leader.run_cycle(full=False)
+        assert "j" not in leader.store.remembered_jobs()  # not asked: no kick from the other replica yet
+
+        other.wake()  # what its intake does after storing the job
+        await leader.bus.nc.flush()
+        for _ in range(200):
+            if leader._foreign:
+                break
+            await asyncio.sleep(0.01)
+        assert leader._foreign, "the other replica's kick did not reach the leader"
+        await leader.run_cycle(full=False)
+        assert "j" in leader.store.remembered_jobs()
+    finally:
+        await deps.close()
