@@ -443,7 +443,7 @@ class MigrationService(Service):
             if at >= fresh and node in topo.node_index
             for util, temp in gpus
         ]
-        offsets = thermal_offsets(ClusterState(topo), samples)
+        offsets = thermal_offsets(topo, samples)  # (a ClusterState built here cost 6 ms at 64 domains)
         spread = max(offsets.values()) - min(offsets.values()) if len(offsets) > 1 else 0.0
         if spread < s.rebalance_spread_c:
             self.hot_since = None

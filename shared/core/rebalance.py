@@ -22,6 +22,7 @@ from shared.core.policies import Context, Policy
 from shared.core.shape import ShapeError, request
 from shared.core.state import ClusterState
 from shared.core.statement import Statement
+from shared.core.topology import Topology
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,14 +34,13 @@ class GpuHeat:
     temp_c: float
 
 
-def thermal_offsets(state: ClusterState, samples: Iterable[GpuHeat]) -> dict[int, float]:
+def thermal_offsets(topo: Topology, samples: Iterable[GpuHeat]) -> dict[int, float]:
     """Domain index -> how much hotter its GPUs run than the fleet's at the same utilisation (mean 0).
 
     temp = offset[domain] + slope x util, the slope fitted on the variation *inside* domains (busy and idle
     GPUs side by side), so a domain that is both busier and hotter keeps its heat in its offset. Without such
     variation (every domain all busy or all idle) the slope comes from the pooled samples."""
     by_dom: dict[int, list[GpuHeat]] = {}
-    topo = state.topo
     for r in samples:
         by_dom.setdefault(topo.node_group[topo.domain][r.node], []).append(r)
     if not by_dom:

@@ -42,16 +42,16 @@ def movable(specs: dict[str, JobSpec]) -> dict[str, Movable]:
 def test_offsets_compare_domains_at_the_same_load() -> None:
     state, _ = fleet()
     # d00 busier and 12 C hot, d01 idle: the fit takes the load out, the offsets keep the heat
-    offsets = thermal_offsets(state, samples(state, hot=12.0))
+    offsets = thermal_offsets(state.topo, samples(state, hot=12.0))
     assert offsets[0] - offsets[1] == pytest.approx(12.0, abs=1e-6)
     # busy but not hot: no offset, however uneven the load
-    flat = thermal_offsets(state, samples(state, hot=0.0))
+    flat = thermal_offsets(state.topo, samples(state, hot=0.0))
     assert flat[0] == pytest.approx(0.0, abs=1e-6) and flat[1] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_a_hot_domain_sheds_its_cheapest_jobs_until_it_carries_no_more_than_the_cool_one() -> None:
     state, specs = fleet()
-    offsets = thermal_offsets(state, samples(state, hot=12.0))
+    offsets = thermal_offsets(state.topo, samples(state, hot=12.0))
     moves = plan_rebalance(state, offsets, movable(specs), POLICY, MigrationBudget(max_moves=4), 0.0, spread_c=8.0)
     # a and b (4 GPUs each) before c (8): after two moves d00 holds 8 busy GPUs, d01 8
     assert [m.job_id for m in moves] == ["a", "b"]
@@ -63,13 +63,13 @@ def test_a_hot_domain_sheds_its_cheapest_jobs_until_it_carries_no_more_than_the_
 
 def test_within_the_spread_nothing_moves() -> None:
     state, specs = fleet()
-    offsets = thermal_offsets(state, samples(state, hot=6.0))
+    offsets = thermal_offsets(state.topo, samples(state, hot=6.0))
     assert plan_rebalance(state, offsets, movable(specs), POLICY, MigrationBudget(), 0.0, spread_c=8.0) == []
 
 
 def test_budget_and_checkpointability_limit_the_moves() -> None:
     state, specs = fleet()
-    offsets = thermal_offsets(state, samples(state, hot=12.0))
+    offsets = thermal_offsets(state.topo, samples(state, hot=12.0))
     only_c = {"c": movable(specs)["c"]}  # a and b can't checkpoint
     moves = plan_rebalance(state, offsets, only_c, POLICY, MigrationBudget(max_moves=4), 0.0, spread_c=8.0)
     assert [m.job_id for m in moves] == ["c"]
