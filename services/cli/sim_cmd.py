@@ -125,7 +125,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("on", "off", "auto"),
         default="auto",
         help="checkpointable jobs may backfill into reserved nodes and are preempted (keeping their progress) "
-        "when the reservation's job fits without them (default auto: the policy's rule, rackscale lends)",
+        "when the reservation's job fits without them (default auto: on with --migration on, off without)",
     )
     p.add_argument(
         "--move-segments",

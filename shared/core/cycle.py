@@ -63,9 +63,9 @@ class CycleConfig:
     max_tested: int | None = None  # jobs tried per cycle (Slurm's bf_max_job_test); None: all
     # checkpointable jobs may backfill into a reservation's held nodes whatever their expected end; the
     # reservation's job takes the nodes back (preempts them: checkpointed, requeued with their progress) as
-    # soon as it would fit without them. False: Slurm's rule (only jobs expected to end before the start);
-    # None: the policy's own rule (`Policy.lend_reserved`: rackscale lends, the baselines don't)
-    lend_checkpointable: bool | None = None
+    # soon as it would fit without them. Off: Slurm's rule (only jobs expected to end before the start). It
+    # trades queue order for occupancy (docs/evaluation.md, finding 6): on with migration in the simulator
+    lend_checkpointable: bool = False
     # a migration planner runs beside the scheduler: policies that can (rackscale) keep the jobs it can't move
     # together, so the other domains stay emptiable (Policy.pin_aware); off without migration, where the
     # packing it costs buys nothing (measured on the Kalos + Philly mix, docs/evaluation.md)
@@ -144,8 +144,7 @@ class Scheduler:
         self.config = config or CycleConfig()
         self.policy: Policy = get_policy(self.config.policy)
         self.policy.pin_aware = self.config.pin_aware
-        lend = self.config.lend_checkpointable
-        self.lend = self.policy.lend_reserved if lend is None else lend
+        self.lend = self.config.lend_checkpointable
         self.promised: dict[str, frozenset[int]] = {}  # job id -> NVLink domains of its last reservation
         # borrower job id -> the reserved jobs whose held nodes it took (`lend_checkpointable`)
         self.lent: dict[str, frozenset[str]] = {}

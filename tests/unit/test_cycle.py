@@ -889,9 +889,9 @@ def test_without_lending_a_long_job_stays_off_reserved_nodes() -> None:
     by = cycle(state, [x, s], config=CycleConfig(reservations=1, lend_checkpointable=False)).by_job()
     assert isinstance(by["X"], Reserve)
     assert isinstance(by["S"], Pending)
-    # block never lends (Slurm's rule); rackscale does unless told not to
-    assert not Scheduler(CycleConfig(policy="block")).lend
-    assert Scheduler(CycleConfig(policy="rackscale")).lend
+    # off unless configured (Slurm's rule); the simulator turns it on with migration
+    assert not Scheduler(CycleConfig(policy="rackscale")).lend
+    assert Scheduler(CycleConfig(policy="block", lend_checkpointable=True)).lend
     # a job that can't checkpoint is never lent reserved nodes
     state = fleet(RESV_ROWS, RESV_RUNS)
     pinned = replace(s, checkpointable=False)

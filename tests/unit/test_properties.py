@@ -201,6 +201,7 @@ def random_config(rng: random.Random, policy: str) -> CycleConfig:
         preemption=rng.random() < 0.7,
         default_runtime_s=rng.choice((3600.0, 86400.0)),
         tenants=tenants,
+        lend_checkpointable=policy == "rackscale",  # lending reserved nodes, checked in rackscale's scenarios
     )
 
 

@@ -122,9 +122,6 @@ class Policy:
     # keep jobs a migration planner can't move (no checkpoint, or spanning domains) together, so other
     # domains stay emptiable by moves; set by the scheduler (CycleConfig.pin_aware), used by rackscale only
     pin_aware = False
-    # checkpointable jobs may backfill into reserved nodes whatever their expected end and give them back
-    # (preempted with their progress) when the reservation's job fits (see cycle.py); Slurm doesn't
-    lend_reserved = False
 
     # -- entry point -----------------------------------------------------------------------------------
     def place(self, state: ClusterState, req: Request, ctx: Context) -> Placement | None:

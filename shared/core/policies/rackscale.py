@@ -18,6 +18,10 @@ stranded nodes, degraded nodes used, domains used and nodes left, and the cheape
 `preferred` jobs that fit no single domain spill over the fewest domains; `none` jobs fill stranded
 fragments before touching whole domains. Degraded GPUs are taken last inside a node and a domain.
 
+With a migration planner beside it (`pin_aware`, set by the scheduler from `CycleConfig.pin_aware`), a job
+the planner can't move (no checkpoint, or ranks in several domains) goes where domains are pinned already,
+so the others stay emptiable (measured on the Kalos + Philly mix, docs/evaluation.md).
+
 Reservations stick (`sticky_reservations`, applied by the cycle): a job reserved again keeps last cycle's
 domains unless another layout is forecast to start much sooner, so the domains it waits for keep draining
 instead of the reservation wandering after every new estimate (a two-segment job then waits for two
@@ -67,7 +71,6 @@ class RackscalePolicy(Policy):
     name = "rackscale"
     prefer_healthy_gpus = True
     sticky_reservations = True
-    lend_reserved = True
 
     # -- scoring ---------------------------------------------------------------------------------------
     def _tables(self, pk: Picker, level: int, ctx: Context) -> tuple[int, tuple[int, ...]] | None:
