@@ -121,6 +121,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="defragment also while the free total is short of the blocked job (empty whole domains ahead)",
     )
     p.add_argument(
+        "--lend-reserved",
+        choices=("on", "off", "auto"),
+        default="auto",
+        help="checkpointable jobs may backfill into reserved nodes and are preempted (keeping their progress) "
+        "when the reservation's job fits without them (default auto: on with --migration on, off without)",
+    )
+    p.add_argument(
         "--move-segments",
         choices=("on", "off"),
         default="off",
@@ -254,6 +261,7 @@ def build_experiment(args: argparse.Namespace) -> Any:
         queue_depth=args.queue_depth or None,
         migration=args.migration == "on",
         migration_interval_s=args.migration_interval,
+        lend_reserved=None if args.lend_reserved == "auto" else args.lend_reserved == "on",
         migration_budget=MigrationBudget(
             max_moves=args.max_moves, early=args.consolidate_early == "on", segments=args.move_segments == "on"
         ),

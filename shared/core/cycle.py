@@ -61,6 +61,15 @@ class CycleConfig:
     preemption: bool = True
     default_runtime_s: float = 24 * 3600.0  # for jobs without an expected runtime
     max_tested: int | None = None  # jobs tried per cycle (Slurm's bf_max_job_test); None: all
+    # checkpointable jobs may backfill into a reservation's held nodes whatever their expected end; the
+    # reservation's job takes the nodes back (preempts them: checkpointed, requeued with their progress) as
+    # soon as it would fit without them. Off: Slurm's rule (only jobs expected to end before the start). It
+    # trades queue order for occupancy (docs/evaluation.md, finding 6): on with migration in the simulator
+    lend_checkpointable: bool = False
+    # a migration planner runs beside the scheduler: policies that can (rackscale) keep the jobs it can't move
+    # together, so the other domains stay emptiable (Policy.pin_aware); off without migration, where the
+    # packing it costs buys nothing (measured on the Kalos + Philly mix, docs/evaluation.md)
+    pin_aware: bool = False
     tenants: Mapping[str, TenantPolicy] = field(default_factory=dict)
 
     def tenant(self, name: str) -> TenantPolicy:
@@ -134,7 +143,11 @@ class Scheduler:
     def __init__(self, config: CycleConfig | None = None) -> None:
         self.config = config or CycleConfig()
         self.policy: Policy = get_policy(self.config.policy)
+        self.policy.pin_aware = self.config.pin_aware
+        self.lend = self.config.lend_checkpointable
         self.promised: dict[str, frozenset[int]] = {}  # job id -> NVLink domains of its last reservation
+        # borrower job id -> the reserved jobs whose held nodes it took (`lend_checkpointable`)
+        self.lent: dict[str, frozenset[str]] = {}
 
     def cycle(
         self,
@@ -165,6 +178,8 @@ class _Cycle:
             if not a.hold:
                 self.held[a.tenant] = self.held.get(a.tenant, 0) + a.gpus
         self.failed_preempt: dict[tuple[object, ...], int] = {}
+        if sched.lent:  # borrowers that ended or were moved off elsewhere owe nothing
+            sched.lent = {b: ls for b, ls in sched.lent.items() if b in state.allocs}
         # lowest priority among running jobs: no preemption what-if for jobs at or below it
         self.min_priority: int | None = min((a.priority for a in state.allocs.values() if not a.hold), default=None)
 
@@ -224,6 +239,8 @@ class _Cycle:
                 self._allocate(req, placement, end, backfilled=bool(self.holds))
                 return True
             self.failed_shapes.add(req.shape_key)
+        if self.sched.lend and self._reclaim(req, ctx, end):
+            return True
         reason = explain(self.state, req, self.policy.honours_required)
 
         if cfg.backfill and self._borrow(req, ctx, end):
@@ -339,8 +356,13 @@ class _Cycle:
             disabled = {n for n in cover if state.usable[n]}
             for node in sorted(disabled):
                 stmt.set_usable(node, False)
+            # jobs borrowing this job's held nodes give them back when it fits: they end now, for it
+            lent = self.sched.lent
+            mine = {b for b, ls in lent.items() if req.job.id in ls} if lent else set()
             events: list[tuple[float, int, str]] = [
-                (max(a.expected_end, self.now), 0, a.job_id) for a in state.allocs.values() if not a.hold
+                (self.now if a.job_id in mine else max(a.expected_end, self.now), 0, a.job_id)
+                for a in state.allocs.values()
+                if not a.hold
             ]
             events += [(h.end, 1, str(i)) for i, h in enumerate(self.holds)]
             events.sort()
@@ -395,8 +417,10 @@ class _Cycle:
             stmt.rollback(cp)
 
     def _borrow(self, req: Request, ctx: Context, end: float) -> bool:
-        """Backfill into held nodes of reservations that start after this job is expected to end."""
-        lendable = [h for h in self.holds if h.start >= end and HOLD_PREFIX + h.job_id in self.state.allocs]
+        """Backfill into held nodes of reservations that start after this job is expected to end (with
+        lending on, a checkpointable job into any reservation's: it gives them back when asked)."""
+        lend = self.sched.lend and req.job.checkpointable
+        lendable = [h for h in self.holds if (lend or h.start >= end) and HOLD_PREFIX + h.job_id in self.state.allocs]
         if not lendable:
             return False
         cp = self.stmt.checkpoint()
@@ -407,8 +431,45 @@ class _Cycle:
             self.stmt.rollback(cp)
             return False
         self._allocate(req, placement, end, backfilled=True)
+        if lend:
+            used = set(placement.nodes)
+            # every reservation whose layout it enters and outlasts may take it back (layouts overlap: a later
+            # reservation counts on an earlier one's nodes once that one has run)
+            lenders = frozenset(h.job_id for h in self.holds if h.start < end and used & set(h.nodes))
+            if lenders:
+                self.sched.lent[req.job.id] = lenders
         for h in lendable:
             self._apply_hold(h)
+        return True
+
+    def _reclaim(self, req: Request, ctx: Context, end: float) -> bool:
+        """The job's reservation lent held nodes to checkpointable jobs: when it fits with them gone,
+        preempt the ones in its way (they keep their progress) and start it."""
+        job_id = req.job.id
+        lent = self.sched.lent
+        borrowers = sorted(b for b, ls in lent.items() if job_id in ls and b in self.state.allocs)
+        if not borrowers:
+            return False
+        cp = self.stmt.checkpoint()
+        gone = {b: self.stmt.release(b) for b in borrowers}
+        placement = self.policy.place(self.state, req, ctx)
+        self.stmt.rollback(cp)
+        if placement is None:
+            return False
+        used = set(placement.nodes)
+        victims = [b for b, a in gone.items() if used & set(a.nodes)]
+        released = [self.stmt.release(v) for v in victims]
+        placement = self.policy.place(self.state, req, ctx) if victims else placement
+        if placement is None:
+            self.stmt.rollback(cp)
+            return False
+        for v in released:
+            self.held[v.tenant] = self.held.get(v.tenant, 0) - v.gpus
+            self.result.decisions.append(Preempt(v.job_id, job_id, v.checkpointable))
+            lent.pop(v.job_id, None)
+        self._allocate(req, placement, end, backfilled=False)
+        self.failed_shapes.clear()  # the victims may have freed more than this job took
+        self._refresh_holds()
         return True
 
     # -- preemption --------------------------------------------------------------------------------------

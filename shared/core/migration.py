@@ -292,16 +292,22 @@ def plan_defrag(
     budget: MigrationBudget,
     now: float,
     default_runtime_s: float = 24 * 3600.0,
+    promised: Mapping[str, frozenset[int]] | None = None,
 ) -> Plan | None:
     """The cheapest set of moves that lets one of the first pending jobs start, or None.
 
     `pending` in the cycle's order (the first `budget.max_candidates` blocked ones are tried; the first
     that gets a plan wins). A job qualifies when it needs one domain-level layer (a domain-sized job or a
     segmented one), doesn't fit now, and the cluster has enough fitting nodes in total.
+
+    `promised`: job id -> the NVLink domains its reservation holds (the scheduler's sticky reservations).
+    Domains a job's reservation holds are emptied first: the cycle keeps backfill out of them, so the
+    room made there stays for the job; room made elsewhere is open to anyone until the job starts.
     """
     if budget.moves_left < 1 or not movable:
         return None
     topo = state.topo
+    reserved = frozenset().union(*promised.values()) if promised else frozenset()
     tried = 0
     for job in pending:
         if tried >= budget.max_candidates:
@@ -316,7 +322,8 @@ def plan_defrag(
         ctx = Context(now=now, job_end=now + _runtime(job, default_runtime_s), demand=frozenset({req.slices[0][1]}))
         if policy.place(state, req, ctx) is not None:
             continue  # fits already: the cycle places it
-        plan = _plan_for(state, req, movable, policy, budget, now, ctx)
+        prefer = promised.get(job.id, frozenset()) if promised else frozenset()
+        plan = _plan_for(state, req, movable, policy, budget, now, ctx, prefer, reserved)
         if plan is not None:
             return plan
     return None
@@ -396,6 +403,8 @@ def _plan_for(
     budget: MigrationBudget,
     now: float,
     ctx: Context,
+    prefer: frozenset[int] = frozenset(),
+    avoid: frozenset[int] = frozenset(),
 ) -> Plan | None:
     topo = state.topo
     level, size = req.slices[0]
@@ -409,7 +418,7 @@ def _plan_for(
     # domains the plan counts on as they are: most pieces first, then lowest index
     hosts: list[int] = []
     have = 0
-    for g in sorted(range(len(row)), key=lambda g: (-(row[g][k] // size), g)):
+    for g in sorted(range(len(row)), key=lambda g: (-(row[g][k] // size), g not in prefer, g)):
         if have >= pieces or row[g][k] < size:
             break
         hosts.append(g)
@@ -421,7 +430,9 @@ def _plan_for(
     total_cost = 0.0
     try:
         while have < pieces:
-            step = _cheapest_step(state, stmt, req, movable, policy, now, set(hosts), moved, ctx, budget.segments)
+            step = _cheapest_step(
+                state, stmt, req, movable, policy, now, set(hosts), moved, ctx, budget.segments, prefer, avoid
+            )
             if step is None:
                 if budget.early and steps:
                     break  # staged: these domains now, the rest as nodes free up
@@ -483,12 +494,15 @@ def _cheapest_step(
     moved: set[str],
     ctx: Context,
     segments: bool = False,
+    prefer: frozenset[int] = frozenset(),
+    avoid: frozenset[int] = frozenset(),
 ) -> tuple[_Step, list[Move]] | None:
-    """Empty one more piece in the domain cheapest to empty; applied to the statement when found."""
+    """Empty one more piece in the domain cheapest to empty (a `prefer` domain first); applied to the
+    statement when found."""
     topo = state.topo
     level, size = req.slices[0]
     k = req.k
-    cands: list[tuple[tuple[int, float, int], _Step]] = []
+    cands: list[tuple[tuple[bool, int, float, int], _Step]] = []
     for g in range(len(topo.group_nodes[level])):
         if g in protected:
             continue
@@ -501,11 +515,11 @@ def _cheapest_step(
         if victims is None:
             continue
         cost = sum(movable[j].cost_gpu_s(state.allocs[j].gpus) for j in victims)
-        cands.append(((len(victims), cost, g), _Step(g, victims, cost)))
+        cands.append(((g not in prefer, len(victims), cost, g), _Step(g, victims, cost)))
     cands.sort(key=lambda c: c[0])
     for _, step in cands:
         cp = stmt.checkpoint()
-        out = _move_out(state, stmt, step, movable, policy, now, protected | {step.group}, ctx, req.job.id)
+        out = _move_out(state, stmt, step, movable, policy, now, protected | {step.group}, ctx, req.job.id, avoid)
         if out is not None:
             return step, out
         stmt.rollback(cp)
@@ -616,8 +630,11 @@ def _move_out(
     protected: Iterable[int],
     ctx: Context,
     ctx_job: str,
+    avoid: frozenset[int] = frozenset(),
 ) -> list[Move] | None:
-    """Release the step's victims and re-place each outside the protected domains (biggest first)."""
+    """Release the step's victims and re-place each outside the protected domains (biggest first), and
+    outside the `avoid` domains (what reservations hold) when they fit elsewhere: a job moved into a
+    reservation's free nodes would hold them past its start."""
     topo = state.topo
     dom = topo.domain
     srcs = [stmt.release(j) for j in step.victims]
@@ -629,6 +646,7 @@ def _move_out(
             nodes, masks = tuple(src.nodes[i] for i in keep), tuple(src.masks[i] for i in keep)
             stmt.allocate(Allocation(src.job_id + KEEP, nodes, masks, hold=True))
     off = [n for g in sorted(set(protected)) for n in topo.group_nodes[dom][g] if state.usable[n]]
+    elsewhere = frozenset(range(len(topo.group_nodes[dom]))) - avoid - set(protected) if avoid else None
     for n in off:
         stmt.set_usable(n, False)
     moves: list[Move] = []
@@ -644,7 +662,11 @@ def _move_out(
             except ShapeError:
                 ok = False
                 break
-            placement = policy.place(state, vreq, vctx)
+            placement = None
+            if elsewhere:
+                placement = policy.place(state, vreq, Context(now, src.expected_end, ctx.demand, elsewhere))
+            if placement is None:
+                placement = policy.place(state, vreq, vctx)
             reason = f"moved out of {where} to make room for job {ctx_job}"
         else:
             placement = _move_segments(state, stmt, src, mv.spec, step.group, policy, vctx)

@@ -89,6 +89,9 @@ class SimConfig:
     migration: bool = False
     migration_budget: MigrationBudget = field(default_factory=MigrationBudget)
     migration_interval_s: float = 300.0
+    # checkpointable jobs may backfill into reserved nodes and give them back when the reservation's job
+    # fits (CycleConfig.lend_checkpointable); None: on with migration (part of its stack), off without
+    lend_reserved: bool | None = None
 
     def cycle_config(self) -> CycleConfig:
         return CycleConfig(
@@ -97,6 +100,8 @@ class SimConfig:
             backfill=self.backfill,
             preemption=self.preemption,
             max_tested=self.max_tested,
+            lend_checkpointable=self.migration if self.lend_reserved is None else self.lend_reserved,
+            pin_aware=self.migration,
         )
 
 
@@ -638,7 +643,14 @@ class Simulator:
         t0 = self.timer() if self.timer else 0.0
         mig.plan_calls += 1
         plan = plan_defrag(
-            self.state, pending, movable, self.sched.policy, budget, t, self.sched.config.default_runtime_s
+            self.state,
+            pending,
+            movable,
+            self.sched.policy,
+            budget,
+            t,
+            self.sched.config.default_runtime_s,
+            self.sched.promised,
         )
         if self.timer:
             mig.plan_time_s += self.timer() - t0

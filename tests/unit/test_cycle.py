@@ -844,3 +844,56 @@ def test_placement_within_domains(policy: str, gpus: int, segment: int | None, w
     got = get_policy(policy).place(state, req, Context(within=frozenset(within)))
     assert got is not None and domains_of(state.topo, got.nodes) == doms
     assert get_policy(policy).place(state, req, Context(within=frozenset({1}) if segment else frozenset())) is None
+
+
+# ============================================================================ lending reserved nodes
+# RESV fleet at 0: X (16 nodes, 1000 s) is reserved on d00 at 300 (when B ends), holding d00 n12-15.
+# S (6 nodes in one domain, checkpointable, runs 1e5 s) only fits with the held nodes and would delay X.
+# With `lend_checkpointable` it borrows them (d00 n12-17) anyway; X keeps its reservation (S counts as
+# gone for X's forecast) and, once it would fit without S, preempts S (checkpointed: it keeps its progress)
+# and starts:
+#   t=0    d00 AAAAAABBBBBB SSSSSS   X reserved at 300 on d00; S borrows n12-17
+#   t=100  d00 ......BBBBBB SSSSSS   A ended; X still reserved at 300 on d00 (not d01 at 400)
+#   t=300  d00 ............ SSSSSS   B ended; X fits without S: Preempt S, Allocate X on d00 n00-15
+def test_lent_reserved_nodes_come_back_when_the_reservation_is_due() -> None:
+    config = CycleConfig(reservations=1, lend_checkpointable=True)
+    sched = Scheduler(config)
+    x = job("X", 64, expected_runtime_s=1000.0)
+    s = job("S", 24, expected_runtime_s=1e5, checkpointable=True, submit_time=1.0)
+    state = fleet(RESV_ROWS, RESV_RUNS)
+    by = sched.cycle(state, [x, s], 0.0).by_job()
+    assert isinstance(by["X"], Reserve) and by["X"].start == 300.0
+    assert isinstance(by["S"], Allocate) and by["S"].nodes == nodes(state.topo, 0, range(12, 18))
+    assert sched.lent == {"S": frozenset({"X"})}
+    _assert_clean(state)
+
+    runs = {"B": Run(end=300.0), "S": Run(end=1e5, checkpointable=True), "D": Run(end=200.0), "E": Run(end=400.0)}
+    later = fleet(["......BBBBBB SSSSSS", "DDDDDDDDD EEEEEEE .."], runs)
+    (d,) = sched.cycle(later, [x], 100.0).decisions
+    assert isinstance(d, Reserve) and d.start == 300.0 and domains_of(later.topo, d.nodes) == {"d00"}
+
+    due = fleet(["............ SSSSSS", "......... EEEEEEE .."], runs)
+    decisions = sched.cycle(due, [x], 300.0).decisions
+    assert decisions == [
+        Preempt("S", "X", True),
+        Allocate("X", nodes(due.topo, 0, range(16)), (0b1111,) * 16, 1300.0, False),
+    ]
+    assert "S" not in due.allocs and sched.lent == {}
+    _assert_clean(due)
+
+
+def test_without_lending_a_long_job_stays_off_reserved_nodes() -> None:
+    state = fleet(RESV_ROWS, RESV_RUNS)
+    x = job("X", 64, expected_runtime_s=1000.0)
+    s = job("S", 24, expected_runtime_s=1e5, checkpointable=True, submit_time=1.0)
+    by = cycle(state, [x, s], config=CycleConfig(reservations=1, lend_checkpointable=False)).by_job()
+    assert isinstance(by["X"], Reserve)
+    assert isinstance(by["S"], Pending)
+    # off unless configured (Slurm's rule); the simulator turns it on with migration
+    assert not Scheduler(CycleConfig(policy="rackscale")).lend
+    assert Scheduler(CycleConfig(policy="block", lend_checkpointable=True)).lend
+    # a job that can't checkpoint is never lent reserved nodes
+    state = fleet(RESV_ROWS, RESV_RUNS)
+    pinned = replace(s, checkpointable=False)
+    by = cycle(state, [x, pinned], config=CycleConfig(reservations=1, lend_checkpointable=True)).by_job()
+    assert isinstance(by["S"], Pending)

@@ -289,3 +289,46 @@ def test_defrag_moves_whole_segments_of_a_spanning_job_when_allowed() -> None:
     assert m.cost_gpu_s == pytest.approx(32 * 120.0)
     assert "the rest stay" in m.reason
     f.state.check()
+
+
+def two_cheap_domains() -> Fleet:
+    """d00 and d01 are equally cheap to empty to 16 nodes (one 5-node checkpointable job each, a and b,
+    beside 2 pinned nodes); d02 and d03 hold jobs that can't checkpoint on n00-n11 (6-node holes)."""
+    f = Fleet(4)
+    f.run("a", 0, range(0, 5))
+    f.run("x0", 0, range(5, 7), ckpt=False)
+    f.run("b", 1, range(0, 5))
+    f.run("x1", 1, range(5, 7), ckpt=False)
+    f.run("x2", 2, range(0, 12), ckpt=False)
+    f.run("x3", 3, range(0, 12), ckpt=False)
+    return f
+
+
+def _moves(f: Fleet, plan: Plan | None) -> list[tuple[str, list[str], list[str]]]:
+    assert plan is not None
+    return [(m.job_id, f.names(m.src.nodes), f.names(m.dst.nodes)) for m in plan.moves]
+
+
+def test_defrag_empties_the_domains_the_jobs_reservation_holds_first() -> None:
+    f = two_cheap_domains()
+    a_out = ("a", [f"d00-n{i:02d}" for i in range(5)], [f"d02-n{i:02d}" for i in range(12, 17)])
+    b_out = ("b", [f"d01-n{i:02d}" for i in range(5)], [f"d02-n{i:02d}" for i in range(12, 17)])
+    # no reservation: the lowest index of the equally cheap domains
+    assert _moves(f, plan_defrag(f.state, [BIG], f.movable(), POLICY, MigrationBudget(), 0.0)) == [a_out]
+    # big's reservation holds d01: room made there stays big's (the cycle keeps backfill out of it)
+    promised = {"big": frozenset({1})}
+    plan = plan_defrag(f.state, [BIG], f.movable(), POLICY, MigrationBudget(), 0.0, promised=promised)
+    assert _moves(f, plan) == [b_out]
+
+
+def test_defrag_keeps_moved_jobs_off_other_reservations() -> None:
+    """As above, and another job's reservation holds d02: b goes to d03's hole instead of d02's."""
+    f = two_cheap_domains()
+    promised = {"big": frozenset({1}), "other": frozenset({2})}
+    plan = plan_defrag(f.state, [BIG], f.movable(), POLICY, MigrationBudget(), 0.0, promised=promised)
+    assert _moves(f, plan) == [("b", [f"d01-n{i:02d}" for i in range(5)], [f"d03-n{i:02d}" for i in range(12, 17)])]
+    # when only a reserved domain has room (d00 and d03 fill up), the move still goes there
+    f.run("y0", 0, range(7, 18), ckpt=False)
+    f.run("y3", 3, range(12, 18), ckpt=False)
+    plan = plan_defrag(f.state, [BIG], f.movable(), POLICY, MigrationBudget(), 0.0, promised=promised)
+    assert _moves(f, plan) == [("b", [f"d01-n{i:02d}" for i in range(5)], [f"d02-n{i:02d}" for i in range(12, 17)])]

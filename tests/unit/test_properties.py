@@ -201,6 +201,7 @@ def random_config(rng: random.Random, policy: str) -> CycleConfig:
         preemption=rng.random() < 0.7,
         default_runtime_s=rng.choice((3600.0, 86400.0)),
         tenants=tenants,
+        lend_checkpointable=policy == "rackscale",  # lending reserved nodes, checked in rackscale's scenarios
     )
 
 
@@ -329,12 +330,21 @@ def check_reservations(
     specs: dict[str, JobSpec],
     result: CycleResult,
     now: float,
+    lent: dict[str, frozenset[str]] | None = None,
 ) -> None:
+    lent = lent or {}
     reserves = result.of(Reserve)
+    reserved = {r.job_id for r in reserves}
+    # lending (rackscale): only checkpointable jobs started this cycle borrow, and only from jobs reserved
+    started = {d.job_id for d in result.of(Allocate)}
+    for b, lenders in lent.items():
+        if b not in started or not specs[b].checkpointable or not lenders <= reserved:
+            ctx.fail(f"{b} borrows from {sorted(lenders)}: started {b in started}, reserved {sorted(reserved)}")
     if not reserves:
         return
     topo = after.topo
-    # whole-node reservations: nothing on the reserved nodes runs past the start
+    # whole-node reservations: nothing on the reserved nodes runs past the start but the jobs that borrowed
+    # them (they give them back when the reservation's job fits)
     for r in reserves:
         req = request(specs[r.job_id], topo)
         if req.k != topo.max_node_gpus:
@@ -344,7 +354,7 @@ def check_reservations(
             (a.job_id, topo.node_names[n], a.expected_end)
             for a in after.allocs.values()
             for n in a.nodes
-            if n in nodes and a.expected_end > r.start
+            if n in nodes and a.expected_end > r.start and r.job_id not in lent.get(a.job_id, ())
         )
         if late:
             ctx.fail(f"{r.job_id} reserved for t={r.start} on nodes busy past it: {late[:4]}")
@@ -354,7 +364,9 @@ def check_reservations(
     # picked on a different state), the ones behind it are planned around something else
     rerun_specs = [replace(specs[r.job_id], tenant="rerun", submit_time=float(i)) for i, r in enumerate(reserves)]
     rerun_cfg = replace(config, tenants={})
-    again = Scheduler(rerun_cfg).cycle(copy_state(after, health), rerun_specs, now).by_job()
+    rerun = Scheduler(rerun_cfg)
+    rerun.lent = dict(lent)  # the borrowers owe the same reservations
+    again = rerun.cycle(copy_state(after, health), rerun_specs, now).by_job()
     for r in reserves:
         d = again[r.job_id]
         if not isinstance(d, Allocate) and not (isinstance(d, Reserve) and d.start <= r.start):
@@ -388,11 +400,12 @@ def scenario(seed: int, policy: str, check: bool = True) -> tuple[list[list[obje
         usage = {t: rng.uniform(0, 200) for t in TENANTS} if rng.random() < 0.3 else None
         before = copy_state(state, health) if check else state
         specs = dict(pending)
-        result = Scheduler(config).cycle(state, list(pending.values()), now, usage)
+        sched = Scheduler(config)
+        result = sched.cycle(state, list(pending.values()), now, usage)
         history.append(list(result.decisions))
         if check:
             check_decisions(ctx, config, before, state, specs, result, honours)
-            check_reservations(ctx, config, state, health, specs, result, now)
+            check_reservations(ctx, config, state, health, specs, result, now, sched.lent)
         # apply: started jobs leave the queue, victims of ours come back, invalid ones are dropped
         for d in result.decisions:
             if isinstance(d, Allocate):

@@ -18,6 +18,10 @@ stranded nodes, degraded nodes used, domains used and nodes left, and the cheape
 `preferred` jobs that fit no single domain spill over the fewest domains; `none` jobs fill stranded
 fragments before touching whole domains. Degraded GPUs are taken last inside a node and a domain.
 
+With a migration planner beside it (`pin_aware`, set by the scheduler from `CycleConfig.pin_aware`), a job
+the planner can't move (no checkpoint, or ranks in several domains) goes where domains are pinned already,
+so the others stay emptiable (measured on the Kalos + Philly mix, docs/evaluation.md).
+
 Reservations stick (`sticky_reservations`, applied by the cycle): a job reserved again keeps last cycle's
 domains unless another layout is forecast to start much sooner, so the domains it waits for keep draining
 instead of the reservation wandering after every new estimate (a two-segment job then waits for two
@@ -32,6 +36,7 @@ from functools import lru_cache
 
 from shared.core.policies.base import Context, Picker, Policy, fewest_groups
 from shared.core.shape import Need
+from shared.core.state import ClusterState
 
 SPARES = 2  # trays per domain an operator plans to lose (16 of 18 on NVL72)
 
@@ -46,6 +51,20 @@ def frag_tables(demand: frozenset[int], group_size: int) -> tuple[int, tuple[int
         packable[r] = max([packable[r - 1]] + [packable[r - s] + s for s in sizes if s <= r])
     stranded = tuple(r - packable[r] if sizes else 0 for r in range(group_size + 1))
     return max(protect, 1), stranded
+
+
+def pinned_node(state: ClusterState, node: int, dom_of: Sequence[int]) -> bool:
+    """Whether a job the migration planner can't move holds GPUs on the node: one that can't checkpoint,
+    or one with ranks in another NVLink domain (reservation holds don't count)."""
+    allocs = state.allocs
+    d = dom_of[node]
+    for j in state.node_jobs[node]:
+        a = allocs[j]
+        if a.hold:
+            continue
+        if not a.checkpointable or any(dom_of[x] != d for x in a.nodes):
+            return True
+    return False
 
 
 class RackscalePolicy(Policy):
@@ -79,6 +98,28 @@ class RackscalePolicy(Policy):
                 healthy += 1
         return max(0, size - healthy)
 
+    # -- pins: domains the migration planner could still empty to a 16-node run --------------------------
+    def _pin_tier(self, pk: Picker, level: int, group: int, take: int) -> int:
+        """What placing `take` nodes of a job that can't move does to the group (a domain): 0 when the
+        domain already holds so many pinned nodes that it can't be emptied to a planning unit (``nodes -
+        SPARES``) anyway, 1 when it still could be after this job, 2 when this job is what pins it."""
+        state = pk.state
+        topo = state.topo
+        dom_of = topo.node_group[topo.domain]
+        usable = pinned = 0
+        for n in topo.group_nodes[level][group]:
+            if state.usable[n]:
+                usable += 1
+                pinned += pinned_node(state, n, dom_of)
+        keep = topo.max_group_nodes(level) - SPARES
+        if usable - pinned < keep:
+            return 0
+        return 1 if usable - pinned - take >= keep else 2
+
+    def _pins(self, pk: Picker, level: int) -> bool:
+        """Whether a single-domain placement of this request is one the planner can't move."""
+        return self.pin_aware and level == pk.state.topo.domain and not pk.req.job.checkpointable
+
     def _refine(self, pk: Picker, level: int, tier: list[int], size: int) -> int:
         """Tie-break equal-cost groups: fewer degraded nodes needed, then lowest index."""
         if len(tier) == 1:
@@ -93,13 +134,17 @@ class RackscalePolicy(Policy):
 
     def _choose_single(self, pk: Picker, level: int, scope: Iterable[int], size: int, ctx: Context) -> int | None:
         tables = self._tables(pk, level, ctx)
-        best: tuple[int, int, int] | None = None
+        pins = self._pins(pk, level)
+        take = size if pk.k == pk.state.topo.max_node_gpus else 1
+        best: tuple[int, ...] | None = None
         tier: list[int] = []
         for g in scope:
             cap = pk.cap(level, g)
             if cap < size:
                 continue
-            cost = self._cost(tables, cap, cap - size)
+            cost: tuple[int, ...] = self._cost(tables, cap, cap - size)
+            if pins:
+                cost = (cost[0], self._pin_tier(pk, level, g, take), *cost[1:])
             if best is None or cost < best:
                 best, tier = cost, [g]
             elif cost == best:
@@ -172,14 +217,29 @@ class RackscalePolicy(Policy):
         plans = [greedy(), ordered(lambda g: (-(caps[g] // size), caps[g], g)), ordered(exact_key)]
         if pk.state.degraded_in[level]:
             plans.append(ordered(healthy_key))
+        # pins: a layout over several domains (or of a job that can't checkpoint) can't be moved by the
+        # planner; prefer the layouts that pin the fewest domains it could still empty
+        pin_aware = self.pin_aware and level == pk.state.topo.domain
+        tiers: dict[tuple[int, int], int] = {}
+
+        def tier(g: int, m: int) -> int:
+            if (g, m) not in tiers:
+                tiers[g, m] = self._pin_tier(pk, level, g, m * size)
+            return tiers[g, m]
+
+        if pin_aware:
+            plans.append(ordered(lambda g: (tier(g, min(caps[g] // size, count)) == 2, *exact_key(g))))
 
         def plan_cost(plan: dict[int, int]) -> tuple[int, ...]:
-            loss = stranded = degraded = left_total = 0
+            loss = stranded = degraded = left_total = pinned = 0
+            pins = pin_aware and (len(plan) > 1 or not pk.req.job.checkpointable)
             for g, m in plan.items():
                 a, b, c = self._cost(tables, caps[g], caps[g] - m * size)
                 loss, stranded, left_total = loss + a, stranded + b, left_total + c
                 degraded += self._degraded_need(pk, level, g, m * size)
-            return (loss, stranded, degraded, len(plan), left_total)
+                if pins:
+                    pinned += tier(g, m) == 2
+            return (loss, pinned, stranded, degraded, len(plan), left_total)
 
         best = min(plans, key=plan_cost)
         return sorted(best.items())
@@ -220,5 +280,17 @@ class RackscalePolicy(Policy):
             if not any(state.degraded[n] for n in nodes):
                 return nodes
             return sorted(nodes, key=lambda n: (state.degraded[n] != 0, n))
-        # partial nodes: best fit (fewest free GPUs that still fit), healthy first
+        # partial nodes: best fit (fewest free GPUs that still fit), healthy first; a job that can't move
+        # goes beside others that can't (the node is pinned already)
+        if self.pin_aware and not pk.req.job.checkpointable:
+            dom_of = state.topo.node_group[state.topo.domain]
+            return sorted(
+                nodes,
+                key=lambda n: (
+                    state.degraded[n] & state.free[n] != 0,
+                    not pinned_node(state, n, dom_of),
+                    state.nfree[n],
+                    n,
+                ),
+            )
         return sorted(nodes, key=lambda n: (state.degraded[n] & state.free[n] != 0, state.nfree[n], n))
