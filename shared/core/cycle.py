@@ -464,13 +464,18 @@ class _Cycle:
             self.stmt.rollback(cp)
             return False
         for v in released:
-            self.held[v.tenant] = self.held.get(v.tenant, 0) - v.gpus
-            self.result.decisions.append(Preempt(v.job_id, job_id, v.checkpointable))
             lent.pop(v.job_id, None)
+        self._start_over(req, placement, end, released)
+        return True
+
+    def _start_over(self, req: Request, placement: Placement, end: float, victims: list[Allocation]) -> None:
+        """Start the job on GPUs its victims (released in the statement) gave up: they are preempted."""
+        for v in victims:
+            self.held[v.tenant] = self.held.get(v.tenant, 0) - v.gpus
+            self.result.decisions.append(Preempt(v.job_id, req.job.id, v.checkpointable))
         self._allocate(req, placement, end, backfilled=False)
         self.failed_shapes.clear()  # the victims may have freed more than this job took
         self._refresh_holds()
-        return True
 
     # -- preemption --------------------------------------------------------------------------------------
     def _preempt(self, req: Request, ctx: Context, end: float) -> bool:
@@ -496,12 +501,7 @@ class _Cycle:
                 victims.append(self.stmt.release(vid))
             placement = self.policy.place(state, req, ctx)
             if placement is not None:
-                for v in victims:
-                    self.held[v.tenant] = self.held.get(v.tenant, 0) - v.gpus
-                    self.result.decisions.append(Preempt(v.job_id, job.id, v.checkpointable))
-                self._allocate(req, placement, end, backfilled=False)
-                self.failed_shapes.clear()  # victims may have freed more than this job took
-                self._refresh_holds()
+                self._start_over(req, placement, end, victims)
                 return True
         self.stmt.rollback(cp)
         self.failed_preempt[req.shape_key] = max(job.priority, self.failed_preempt.get(req.shape_key, job.priority))
