@@ -87,8 +87,9 @@ def occupy_held(
     them before the job restores there); returns the ids of the jobs holding GPUs. `ended`: records of jobs
     that ended but may still hold GPUs (their release on its way), so those count for their tenant's quota."""
     held: set[str] = set()
+    ended = ended or {}
     for alloc in allocations:
-        rec = jobs.get(alloc.job_id) or (ended or {}).get(alloc.job_id)
+        rec = jobs.get(alloc.job_id) or ended.get(alloc.job_id)
         occupy(state, alloc.job_id, alloc.nodes, rec, now, preemptible=movable_allocation(rec, alloc))
         held.add(alloc.job_id)
     for rec in jobs.values():

@@ -125,11 +125,10 @@ def check_register(reg: AgentRegister) -> None:
         raise ReportError(f"leaf: node {reg.node!r} reports an empty leaf name (use null for none)")
 
 
-def _repeats(reg: AgentRegister, prev: NodeRecord, now: float) -> bool:
-    """The registration changes nothing in the node's record but its liveness."""
-    if new_boot(reg, prev):
-        return False
-    return msgspec.structs.replace(record_from_register(reg, prev, now), last_heartbeat=prev.last_heartbeat) == prev
+def _repeats(rec: NodeRecord, prev: NodeRecord) -> bool:
+    """The record a registration makes differs from the stored one in nothing but liveness (a new boot, a new
+    state, description or GPU health all show in the record)."""
+    return msgspec.structs.replace(rec, last_heartbeat=prev.last_heartbeat) == prev
 
 
 def _topology_fields(rec: NodeRecord) -> tuple[Any, ...]:
@@ -245,7 +244,7 @@ class InventoryService(Service):
                 log.info("node %s registered: domain %s, %d GPUs", rec.name, rec.domain, rec.gpus)
                 await self._announce(rec, "registered")
                 return rec
-            if _repeats(reg, prev, rec.last_heartbeat):
+            if _repeats(rec, prev):
                 # the periodic re-registration of a node that changed nothing: liveness only, like a heartbeat
                 await self.store.touch_nodes({rec.name: rec.last_heartbeat})
                 return rec
@@ -272,7 +271,7 @@ class InventoryService(Service):
         prevs = await self.store.get_nodes([reg.node for reg in regs])
         seen: dict[str, float] = {}
         for reg, prev in zip(regs, prevs, strict=True):
-            if prev is not None and _repeats(reg, prev, now):
+            if prev is not None and _repeats(record_from_register(reg, prev, now), prev):
                 seen[reg.node] = now
             else:
                 await self.register(reg)

@@ -142,7 +142,7 @@ class QueueService(Service):
         """Run a cycle soon. A replica that isn't the leader (as far as it knows) also tells the leader over the
         bus, since its writes aren't in the leader's memory; core NATS, so a lost kick costs one timer period."""
         self.kick.set()
-        if time.monotonic() < self._lease_trusted_until:
+        if self._surely_leading():
             return
         task = asyncio.ensure_future(self._kick_leader())
         self._kicks_out.add(task)
@@ -480,12 +480,16 @@ class QueueService(Service):
     async def _lead(self) -> bool:
         """Hold (or take) the leader lease: one queue replica runs cycles at a time. A lease renewed less than
         a third of its time ago is held for two thirds more: no round trip for it."""
-        mono = time.monotonic()
-        if mono < self._lease_trusted_until:
+        if self._surely_leading():
             return True
+        mono = time.monotonic()
         held = await self.store.hold_lease(self.names.queue_leader_key, self.instance, LEASE_S)
         self._lease_trusted_until = mono + LEASE_S / 3 if held else 0.0
         return held
+
+    def _surely_leading(self) -> bool:
+        """The lease was renewed recently enough to be ours without asking (see `_lead`)."""
+        return time.monotonic() < self._lease_trusted_until
 
     async def _topology(self) -> tuple[Any, Any] | None:
         """The core's topology and health from inventory's records; None until a node registers. Asks for
