@@ -192,6 +192,11 @@ class Names:
     def queue_leader_key(self) -> str:
         return self._key("queue:leader")  # string: the queue replica that runs cycles (SET NX PX lease)
 
+    @property
+    def reservations_key(self) -> str:
+        # string: Reservations (msgpack), the NVLink domains the leader's sticky reservations hold (queue → migration)
+        return self._key("queue:reservations")
+
     def migration_key(self, migration_id: str) -> str:
         return self._key(f"migration:{migration_id}")  # string: MigrationRecord (msgpack), the API's view
 

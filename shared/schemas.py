@@ -411,6 +411,15 @@ class JobEvent(msgspec.Struct, tag="job.event", kw_only=True, frozen=True):
     tenant: str = ""
 
 
+class Reservations(msgspec.Struct, kw_only=True):
+    """queue → migration, in Redis (`names.reservations_key`): the NVLink domains, by name, that each waiting
+    job's reservation holds (`Scheduler.promised`). The defragmentation planner empties a job's own reserved
+    domains first and keeps moved jobs out of all of them, as in `rackscale sim --migration on`."""
+
+    at: float  # when the leader's cycle wrote it
+    domains: dict[str, list[str]] = {}  # job id -> domain names
+
+
 class MigrationRecord(msgspec.Struct, kw_only=True):
     """One move (or requeue) the migration service decided: its record in JetStream and Redis, the API's view."""
 
@@ -496,6 +505,7 @@ JOB_RECORD = msgspec.msgpack.Decoder(JobRecord)
 ALLOCATION_RECORD = msgspec.msgpack.Decoder(AllocationRecord)
 NODE_RECORD = msgspec.msgpack.Decoder(NodeRecord)
 MIGRATION_RECORD = msgspec.msgpack.Decoder(MigrationRecord)
+RESERVATIONS = msgspec.msgpack.Decoder(Reservations)
 NODE_HEALTH_STATE = msgspec.msgpack.Decoder(NodeHealthState)
 JOB_BODY_JSON = msgspec.json.Decoder(JobBody)
 

@@ -22,6 +22,7 @@ from shared.schemas import (
     MIGRATION_RECORD,
     NODE_HEALTH_STATE,
     NODE_RECORD,
+    RESERVATIONS,
     TERMINAL,
     AllocationRecord,
     JobRecord,
@@ -30,6 +31,7 @@ from shared.schemas import (
     NodeGpus,
     NodeHealthState,
     NodeRecord,
+    Reservations,
     encode,
 )
 
@@ -209,6 +211,13 @@ class Store:
     async def hold_lease(self, key: str, holder: str, ttl_s: float) -> bool:
         """Take the lease at `key` (free or expired) or renew it (held by `holder`); False while another holds it."""
         return bool(await self._lease(keys=[key], args=[holder, int(ttl_s * 1000)]))
+
+    async def put_reservations(self, r: Reservations) -> None:
+        await self.r.set(self.names.reservations_key, encode(r))
+
+    async def reservations(self) -> Reservations | None:
+        raw = await self.r.get(self.names.reservations_key)
+        return RESERVATIONS.decode(raw) if raw else None
 
     async def topology_generation(self) -> int:
         return int(await self.r.get(self.names.topo_gen_key) or 0)

@@ -86,6 +86,7 @@ class MigrationService(Service):
         super().__init__(deps)
         s = deps.settings
         self.policy = get_policy(s.policy)
+        self.policy.pin_aware = True  # the queue's placement (QueueService): where moved jobs go is decided alike
         self.topology = TopologyView(deps.store)
         self.records: dict[str, MigrationRecord] = {}  # every move this service knows, by id
         self.kick = asyncio.Event()
@@ -420,7 +421,8 @@ class MigrationService(Service):
         order: list[JobSpec] = [
             job_spec(j) for j in sorted(pending, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
         ]
-        plan = plan_defrag(state, order, self._movable(jobs, busy), self.policy, budget, now)
+        promised = await self._promised(topo, {j.id for j in pending})
+        plan = plan_defrag(state, order, self._movable(jobs, busy), self.policy, budget, now, promised=promised)
         if plan is None:
             return
         log.info("defragmentation for %s: %d moves (%s)", plan.beneficiary, len(plan.moves), plan.why)
@@ -430,6 +432,18 @@ class MigrationService(Service):
                 why = f"defragmentation for job {plan.beneficiary}: {plan.why}"
                 await self.begin(job, "defrag", why, _target(mv, topo), mv.cost_gpu_s, plan.gain_gpu_s, now)
                 busy.add(mv.job_id)
+
+    async def _promised(self, topo: Any, pending: set[str]) -> dict[str, frozenset[int]]:
+        """The NVLink domains the queue's reservations hold, for the pending jobs among them."""
+        shared = await self.store.reservations()
+        if shared is None:
+            return {}
+        index = {name: i for i, name in enumerate(topo.group_names[topo.domain])}
+        return {
+            job: frozenset(index[d] for d in domains if d in index)
+            for job, domains in shared.domains.items()
+            if job in pending
+        }
 
     def heat_due(self, topo: Any, now: float) -> dict[int, float] | None:
         """The domains' thermal offsets when a rebalancing plan is due: their spread has stayed past

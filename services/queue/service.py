@@ -57,6 +57,7 @@ from shared.schemas import (
     Rejected,
     Released,
     ReleaseOrder,
+    Reservations,
 )
 from shared.snapshot import UNPREEMPTIBLE, TopologyView, job_spec, occupy, occupy_held
 from shared.tenants import tenants_from_settings
@@ -104,7 +105,11 @@ class QueueService(Service):
     def __init__(self, deps: Deps, config: CycleConfig | None = None) -> None:
         super().__init__(deps)
         tenants = tenants_from_settings(deps.settings)  # quotas and weights (RACKSCALE_TENANTS_FILE)
-        self.scheduler = Scheduler(config or CycleConfig(policy=deps.settings.policy, tenants=tenants))
+        # the running system always has the migration planner beside it (the migration service), so the cycle
+        # places for it as `rackscale sim --migration on` does: jobs it can't move kept together
+        default = CycleConfig(policy=deps.settings.policy, tenants=tenants, pin_aware=True)
+        self.scheduler = Scheduler(config or default)
+        self._shared_reservations: dict[str, list[str]] | None = None  # as last written for the planner
         self.kick = asyncio.Event()
         # a kick from the bus (another replica wrote a job this one may not know): the next kicked cycle asks
         # the store for the undecided ids; its own kicks decide on what this replica wrote (no round trip)
@@ -567,6 +572,17 @@ class QueueService(Service):
             # most cycles change no reason: skip those round trips
             elif isinstance(d, Pending | Reserve) and jobs[d.job_id].reason != d.reason:
                 await self._set_reason(d.job_id, d.reason, now)
+        await self._share_reservations(topo, now)
+
+    async def _share_reservations(self, topo: Any, now: float) -> None:
+        """Tell the migration planner which domains the reservations hold, when that changed (most cycles
+        reserve the same domains again, or none)."""
+        names = topo.group_names[topo.domain]
+        domains = {job: sorted(names[d] for d in doms) for job, doms in self.scheduler.promised.items()}
+        if domains == self._shared_reservations:
+            return
+        await self.store.put_reservations(Reservations(at=now, domains=domains))
+        self._shared_reservations = domains
 
     def _place_order(self, rec: JobRecord, now: float) -> PlaceOrder:
         """The order for the record's in-flight attempt; a job with a checkpoint restores from it and runs

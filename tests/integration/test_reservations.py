@@ -1,0 +1,88 @@
+"""The queue's reservations reach the migration planner through Redis, by domain name.
+
+The defragmentation planner empties a blocked job's own reserved domains first and keeps moved jobs out of
+every reserved one (`plan_defrag(promised=)`, as `rackscale sim --migration on` runs it). In the running
+system the reservations live in the queue leader's scheduler and the planner in the migration service: the
+leader's cycle writes them (`names.reservations_key`) and the planner maps the names onto its own topology.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from services.migration.service import MigrationService
+from services.queue.service import QueueService
+from shared.names import Names
+from shared.runtime import Deps
+from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, NodeRecord, TopologyBody
+from shared.settings import Settings
+
+pytestmark = pytest.mark.asyncio
+
+NOW = 1000.0
+
+
+@pytest_asyncio.fixture
+async def deps(nats_url: str, redis_url: str, namespace: str) -> AsyncIterator[Deps]:
+    names = Names(prefix=namespace)
+    d = await Deps.connect(Settings(prefix=namespace), "queue", nats_url, redis_url, names, clock=lambda: NOW)
+    for node, domain in (("n0", "d0"), ("n1", "d0"), ("n2", "d1"), ("n3", "d1")):
+        await d.store.put_node(NodeRecord(name=node, domain=domain))
+    try:
+        yield d
+    finally:
+        await d.store.r.delete(*[k async for k in d.store.r.scan_iter(names.key_pattern)])
+        await d.close()
+
+
+async def _running(deps: Deps, job: str, node: str, duration_s: float) -> None:
+    """A one-node job running on `node` since NOW, expected to end after `duration_s`."""
+    nodes = [NodeGpus(node, [0, 1, 2, 3])]
+    body = JobBody(name=job, tenant="t", gpus=4, gpus_per_node=4, duration_s=duration_s)
+    rec = JobRecord(id=job, spec=body, state=JobState.RUNNING, attempt=1, allocation=nodes, started_at=NOW)
+    await deps.store.put_job(rec, new=True)
+    assert (await deps.store.commit(AllocationRecord(job_id=job, attempt=1, nodes=nodes, committed_at=NOW))).ok
+
+
+async def test_the_leaders_reservations_reach_the_planner_by_domain_name(deps: Deps) -> None:
+    # one node of each domain is busy; d1's job ends first, so the two-node job is reserved there
+    await _running(deps, "long", "n0", 3600.0)
+    await _running(deps, "short", "n2", 60.0)
+    big = JobBody(name="big", tenant="t", gpus=8, gpus_per_node=4, topology=TopologyBody(nvlink="required"))
+    await deps.store.put_job(JobRecord(id="big", spec=big, submitted_at=NOW), new=True)
+    queue = QueueService(deps)
+    assert await queue._lead()
+    await queue.run_cycle(full=True)
+
+    shared = await deps.store.reservations()
+    assert shared is not None and shared.domains == {"big": ["d1"]}, shared
+    rec = await deps.store.get_job("big")
+    assert rec is not None and rec.state is JobState.PENDING and "reserved" in rec.reason, rec
+
+    migration = MigrationService(deps)
+    known = await migration.topology.get()
+    assert known is not None
+    topo = known[0]
+    d1 = topo.group_names[topo.domain].index("d1")
+    assert await migration._promised(topo, {"big"}) == {"big": frozenset({d1})}
+    assert await migration._promised(topo, set()) == {}  # a job no longer waiting holds nothing
+
+
+async def test_the_reservations_are_written_again_only_when_they_change(deps: Deps) -> None:
+    await _running(deps, "long", "n0", 3600.0)
+    await _running(deps, "short", "n2", 60.0)
+    big = JobBody(name="big", tenant="t", gpus=8, gpus_per_node=4, topology=TopologyBody(nvlink="required"))
+    await deps.store.put_job(JobRecord(id="big", spec=big, submitted_at=NOW), new=True)
+    queue = QueueService(deps)
+    assert await queue._lead()
+    await queue.run_cycle(full=True)
+    await deps.store.r.delete(deps.names.reservations_key)
+    await queue.run_cycle(full=True)  # the same reservation: nothing written
+    assert await deps.store.reservations() is None
+    queue._shared_reservations = None  # say, a new leader: it writes what it reserves
+    await queue.run_cycle(full=True)
+    shared = await deps.store.reservations()
+    assert shared is not None and shared.domains == {"big": ["d1"]}
