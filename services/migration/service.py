@@ -13,7 +13,9 @@ It decides; the queue (which owns job records) carries a move out; placement and
   `on_node_failure`). A whole node going down is the queue's own node-loss path, not a move.
 - **Defragmentation** every `RACKSCALE_MIGRATION_INTERVAL_S`: `plan_defrag` on the pending jobs that fit the
   free total but no layout; its moves go out only when their gain exceeds their cost, within the budgets
-  (`RACKSCALE_MAX_MIGRATIONS` in flight, `RACKSCALE_MIGRATION_GPU_HOURS` of moving per hour).
+  (`RACKSCALE_MAX_MIGRATIONS` in flight, `RACKSCALE_MIGRATION_GPU_HOURS` of moving per hour). The queue
+  leader's reservations (`names.reservations_key`) steer it: a job's reserved domains are emptied first, and
+  moved jobs stay out of every reserved domain.
 - **Rebalancing** every `RACKSCALE_MIGRATION_INTERVAL_S`: from the agents' telemetry (`telemetry.*`), each
   domain's temperature at equal load (`shared.core.rebalance.thermal_offsets`); a domain that has run
   `RACKSCALE_REBALANCE_SPREAD_C` hotter than others for `RACKSCALE_REBALANCE_HOLD_S` sheds its cheapest
@@ -86,7 +88,7 @@ class MigrationService(Service):
         super().__init__(deps)
         s = deps.settings
         self.policy = get_policy(s.policy)
-        self.policy.pin_aware = True  # the queue's placement (QueueService): where moved jobs go is decided alike
+        self.policy.pin_aware = s.defrag == "on"  # as the queue's cycle places: moved jobs go where it would put them
         self.topology = TopologyView(deps.store)
         self.records: dict[str, MigrationRecord] = {}  # every move this service knows, by id
         self.kick = asyncio.Event()

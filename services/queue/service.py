@@ -105,9 +105,10 @@ class QueueService(Service):
     def __init__(self, deps: Deps, config: CycleConfig | None = None) -> None:
         super().__init__(deps)
         tenants = tenants_from_settings(deps.settings)  # quotas and weights (RACKSCALE_TENANTS_FILE)
-        # the running system always has the migration planner beside it (the migration service), so the cycle
-        # places for it as `rackscale sim --migration on` does: jobs it can't move kept together
-        default = CycleConfig(policy=deps.settings.policy, tenants=tenants, pin_aware=True)
+        # with the migration service defragmenting (RACKSCALE_DEFRAG), the cycle places for its planner as
+        # `rackscale sim --migration on` does: jobs it can't move kept together, other domains emptiable
+        pin_aware = deps.settings.defrag == "on"
+        default = CycleConfig(policy=deps.settings.policy, tenants=tenants, pin_aware=pin_aware)
         self.scheduler = Scheduler(config or default)
         self._shared_reservations: dict[str, list[str]] | None = None  # as last written for the planner
         self.kick = asyncio.Event()

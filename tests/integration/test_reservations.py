@@ -86,3 +86,16 @@ async def test_the_reservations_are_written_again_only_when_they_change(deps: De
     await queue.run_cycle(full=True)
     shared = await deps.store.reservations()
     assert shared is not None and shared.domains == {"big": ["d1"]}
+
+
+@pytest.mark.parametrize("defrag", ["on", "off"])
+async def test_the_cycle_places_for_the_planner_only_while_it_defragments(
+    nats_url: str, redis_url: str, namespace: str, defrag: str
+) -> None:
+    settings = Settings(prefix=namespace, defrag=defrag)
+    d = await Deps.connect(settings, "queue", nats_url, redis_url, Names(prefix=namespace), clock=lambda: NOW)
+    try:
+        assert QueueService(d).scheduler.policy.pin_aware is (defrag == "on")
+        assert MigrationService(d).policy.pin_aware is (defrag == "on")
+    finally:
+        await d.close()
