@@ -228,6 +228,7 @@ class ReleaseOrder(msgspec.Struct, tag="order.release", kw_only=True, frozen=Tru
     reason: str
     checkpoint: bool = False
     only_attempt: int = 0  # free the GPUs only if the job holds them for this attempt (0: whatever it holds)
+    stop_ranks: bool = True  # False: every rank has exited already (the job's own end): no StopRank to send
 
 
 class CheckpointOrder(msgspec.Struct, tag="order.checkpoint", kw_only=True, frozen=True):

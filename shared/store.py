@@ -88,15 +88,18 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARG
 return 0
 """
 
+# KEYS: alloc:{job}, allocs, gpus:{node_1..n}
+# ARGV: job_id, n, attempt, gpu lists ("0,1,2,3") for nodes 1..n
 RELEASE_LUA = """
 local n = tonumber(ARGV[2])
+local attempt = redis.call('HGET', KEYS[1], 'attempt')
+-- the allocation read before this call, not one committed since (its GPUs may be on other nodes)
+if attempt ~= ARGV[3] then return 0 end
 for i = 1, n do
-  for gpu in string.gmatch(ARGV[2 + i], '[^,]+') do
+  for gpu in string.gmatch(ARGV[3 + i], '[^,]+') do
     if redis.call('HGET', KEYS[2 + i], gpu) == ARGV[1] then redis.call('HDEL', KEYS[2 + i], gpu) end
   end
 end
-local attempt = redis.call('HGET', KEYS[1], 'attempt')
-if not attempt then return 0 end
 -- keep a floor: an order for this or an older attempt, redelivered late, must never commit again
 redis.call('HDEL', KEYS[1], 'attempt', 'record')
 redis.call('HSET', KEYS[1], 'floor', attempt)
@@ -398,16 +401,19 @@ class Store:
             return CommitResult(True, duplicate=True)
         return CommitResult(False, reason=" ".join(res))
 
-    async def release(self, job_id: str) -> bool:
-        """Free the job's GPUs; False when it held none (already released: idempotent)."""
+    async def release(self, job_id: str, held: AllocationRecord | None = None) -> bool:
+        """Free the job's GPUs; False when it held none (already released: idempotent). `held`: the job's
+        allocation as the caller has just read it (`allocation`), which saves reading it again."""
         n = self.names
-        raw = await self.r.hget(n.alloc_key(job_id), "record")
-        if raw is None:
-            await self.r.srem(n.allocs_key, job_id)
-            return False
-        rec = ALLOCATION_RECORD.decode(raw)
+        rec = held
+        if rec is None:
+            raw = await self.r.hget(n.alloc_key(job_id), "record")
+            if raw is None:
+                await self.r.srem(n.allocs_key, job_id)
+                return False
+            rec = ALLOCATION_RECORD.decode(raw)
         keys = [n.alloc_key(job_id), n.allocs_key] + [n.gpus_key(ng.node) for ng in rec.nodes]
-        args = [job_id, str(len(rec.nodes))] + [",".join(str(g) for g in ng.gpus) for ng in rec.nodes]
+        args = [job_id, str(len(rec.nodes)), str(rec.attempt)] + [",".join(str(g) for g in ng.gpus) for ng in rec.nodes]
         return bool(await self._release(keys=keys, args=args))
 
     async def allocation(self, job_id: str) -> AllocationRecord | None:

@@ -136,9 +136,9 @@ class PlacementService(Service):
             job, attempt = order.job_id, order.only_attempt
             log.info("release of %s:%d: the job holds attempt %d now; kept", job, attempt, held.attempt)
             return
-        await self.store.release(order.job_id)
+        await self.store.release(order.job_id, held)
         out: list[Outgoing] = []
-        if held is not None:
+        if held is not None and order.stop_ranks:
             key = f"{order.job_id}:{held.attempt}"
             for ng in held.nodes:
                 stop = StopRank(

@@ -190,10 +190,10 @@ class QueueService(Service):
         """Publish the record's current state."""
         await self.bus.publish_all([self.event(rec, headers)])
 
-    async def release(self, rec: JobRecord, reason: str, checkpoint: bool = False) -> None:
+    async def release(self, rec: JobRecord, reason: str, checkpoint: bool = False, stop_ranks: bool = True) -> None:
         await self.bus.publish(
             self.names.orders,
-            ReleaseOrder(job_id=rec.id, reason=reason, checkpoint=checkpoint),
+            ReleaseOrder(job_id=rec.id, reason=reason, checkpoint=checkpoint, stop_ranks=stop_ranks),
             msg_id=f"{rec.id}:{rec.attempt}:release:{rec.state}",
             headers=_trace(rec),
         )
@@ -426,7 +426,8 @@ class QueueService(Service):
         rec, _ = await self._update(ev.job_id, exited)
         if rec is not None and rec.state in (JobState.SUCCEEDED, JobState.FAILED) and rec.attempt == ev.attempt:
             await self.emit(rec)
-            await self.release(rec, f"job {rec.state}")
+            # a job that ended on its own has no rank left to stop (one rank's failure may leave others running)
+            await self.release(rec, f"job {rec.state}", stop_ranks=len(rec.exit_codes) < len(rec.allocation))
             self.wake()
 
     async def on_node(self, ev: NodeChanged) -> None:

@@ -8,8 +8,10 @@ placed event logged before the running one, and never dropped (the job would sta
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
+import nats
 import pytest
 import pytest_asyncio
 
@@ -19,6 +21,7 @@ from shared.names import Names
 from shared.runtime import Deps
 from shared.schemas import (
     EVENTS,
+    ORDERS,
     AllocationRecord,
     Committed,
     JobBody,
@@ -27,6 +30,7 @@ from shared.schemas import (
     JobState,
     NodeGpus,
     NodeRecord,
+    RankExited,
     RankStarted,
     ReleaseOrder,
 )
@@ -122,6 +126,35 @@ async def test_a_release_for_one_attempt_keeps_a_newer_attempts_gpus(queue: Queu
     assert await queue.store.gpu_owners("n0") == {0: "j", 1: "j"}
     await placement.release(ReleaseOrder(job_id="j", reason="job is cancelled", only_attempt=2), {})
     assert await queue.store.gpu_owners("n0") == {}
+
+
+@pytest.mark.parametrize("stop_ranks", [True, False])
+async def test_a_release_stops_the_ranks_unless_they_all_exited(queue: QueueService, stop_ranks: bool) -> None:
+    # a job that ended on its own (every rank exited) has nothing left to stop: no StopRank goes out
+    placement = PlacementService(queue.deps)
+    held = [NodeGpus("n0", [0]), NodeGpus("n1", [0])]
+    assert (await queue.store.commit(AllocationRecord(job_id="j", attempt=1, nodes=held, committed_at=NOW))).ok
+    commands = await queue.bus.nc.subscribe(queue.names.agent_cmd_all)
+    await placement.release(ReleaseOrder(job_id="j", reason="job succeeded", stop_ranks=stop_ranks), {})
+    await queue.bus.nc.flush()
+    got: list[str] = []
+    with contextlib.suppress(TimeoutError, nats.errors.TimeoutError):
+        while True:
+            got.append((await commands.next_msg(timeout=0.3)).subject)
+    assert sorted(got) == ([queue.names.agent_cmd("n0"), queue.names.agent_cmd("n1")] if stop_ranks else [])
+    assert await queue.store.gpu_owners("n0") == {} and await queue.store.allocation("j") is None
+
+
+async def test_a_job_whose_ranks_all_exited_is_released_without_stopping_them(queue: QueueService) -> None:
+    alloc = [NodeGpus("n0", [0]), NodeGpus("n1", [0])]
+    await queue.store.put_job(
+        _job(state=JobState.RUNNING, attempt=1, allocation=alloc, started_ranks=[0, 1], exit_codes={"n0/0": 0}),
+        new=True,
+    )
+    orders = await queue.bus.nc.subscribe(queue.names.orders)
+    await queue.on_exited(RankExited(job_id="j", attempt=1, node="n1", rank=1, exit_code=0, at=NOW))
+    order = ORDERS.decode((await orders.next_msg(timeout=2)).data)
+    assert isinstance(order, ReleaseOrder) and not order.stop_ranks, order
 
 
 async def test_a_job_another_replica_took_in_reaches_the_leaders_kicked_cycle(

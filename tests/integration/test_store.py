@@ -41,6 +41,27 @@ async def test_a_released_attempt_never_commits_again(redis_url: str, namespace:
         await store.close()
 
 
+async def test_a_release_of_an_allocation_read_before_a_newer_commit_frees_nothing(
+    redis_url: str, namespace: str
+) -> None:
+    # placement reads the allocation, then releases it: if the job's attempt 1 was released and attempt 2
+    # committed in between, the release of what it read must leave attempt 2's GPUs and record alone
+    store = await _store(redis_url, namespace)
+    try:
+        assert (await store.commit(_rec("j", 1, [0, 1]))).ok
+        read = await store.allocation("j")
+        assert read is not None and await store.release("j")
+        assert (await store.commit(_rec("j", 2, [2, 3]))).ok
+        assert not await store.release("j", read)
+        assert await store.gpu_owners("d00-n00") == {2: "j", 3: "j"}
+        assert (held := await store.allocation("j")) is not None and held.attempt == 2
+        assert await store.release("j", held)
+        assert await store.gpu_owners("d00-n00") == {} and await store.allocation("j") is None
+    finally:
+        await store.r.delete(*[k async for k in store.r.scan_iter(store.names.key_pattern)])
+        await store.close()
+
+
 async def test_commit_refuses_taken_gpus_and_unusable_nodes(redis_url: str, namespace: str) -> None:
     store = await _store(redis_url, namespace)
     try:
