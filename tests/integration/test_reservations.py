@@ -47,8 +47,8 @@ async def _running(deps: Deps, job: str, node: str, duration_s: float) -> None:
     assert (await deps.store.commit(AllocationRecord(job_id=job, attempt=1, nodes=nodes, committed_at=NOW))).ok
 
 
-async def test_the_leaders_reservations_reach_the_planner_by_domain_name(deps: Deps) -> None:
-    # one node of each domain is busy; d1's job ends first, so the two-node job is reserved there
+async def _leader_reserving_big(deps: Deps) -> QueueService:
+    """One node of each domain busy, d1's job ending first: the leader's cycle reserves d1 for a two-node job."""
     await _running(deps, "long", "n0", 3600.0)
     await _running(deps, "short", "n2", 60.0)
     big = JobBody(name="big", tenant="t", gpus=8, gpus_per_node=4, topology=TopologyBody(nvlink="required"))
@@ -56,7 +56,11 @@ async def test_the_leaders_reservations_reach_the_planner_by_domain_name(deps: D
     queue = QueueService(deps)
     assert await queue._lead()
     await queue.run_cycle(full=True)
+    return queue
 
+
+async def test_the_leaders_reservations_reach_the_planner_by_domain_name(deps: Deps) -> None:
+    await _leader_reserving_big(deps)
     shared = await deps.store.reservations()
     assert shared is not None and shared.domains == {"big": ["d1"]}, shared
     rec = await deps.store.get_job("big")
@@ -72,13 +76,7 @@ async def test_the_leaders_reservations_reach_the_planner_by_domain_name(deps: D
 
 
 async def test_the_reservations_are_written_again_only_when_they_change(deps: Deps) -> None:
-    await _running(deps, "long", "n0", 3600.0)
-    await _running(deps, "short", "n2", 60.0)
-    big = JobBody(name="big", tenant="t", gpus=8, gpus_per_node=4, topology=TopologyBody(nvlink="required"))
-    await deps.store.put_job(JobRecord(id="big", spec=big, submitted_at=NOW), new=True)
-    queue = QueueService(deps)
-    assert await queue._lead()
-    await queue.run_cycle(full=True)
+    queue = await _leader_reserving_big(deps)
     await deps.store.r.delete(deps.names.reservations_key)
     await queue.run_cycle(full=True)  # the same reservation: nothing written
     assert await deps.store.reservations() is None
