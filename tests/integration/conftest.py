@@ -8,9 +8,10 @@ subjects and Redis keys start with it, and the client fixtures delete what is un
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
 import nats
 import pytest
@@ -19,6 +20,9 @@ import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 
 from shared.embedded import EmbeddedNats, EmbeddedValkey
+from shared.names import Names
+from shared.runtime import Deps
+from shared.schemas import NodeRecord
 from shared.settings import Settings
 
 _JS_API = "$JS.API"
@@ -72,6 +76,22 @@ async def nats_client(nats_url: str, namespace: str) -> AsyncIterator[NatsClient
     finally:
         await nc.close()
         await delete_nats_namespace(nats_url, namespace)
+
+
+@contextlib.asynccontextmanager
+async def service_deps(
+    nats_url: str, redis_url: str, namespace: str, nodes: Mapping[str, str], clock: Callable[[], float]
+) -> AsyncIterator[Deps]:
+    """A service's dependencies under `namespace`, with `nodes` (name -> domain) registered; its keys go after."""
+    names = Names(prefix=namespace)
+    deps = await Deps.connect(Settings(prefix=namespace), "queue", nats_url, redis_url, names, clock=clock)
+    for node, domain in nodes.items():
+        await deps.store.put_node(NodeRecord(name=node, domain=domain))
+    try:
+        yield deps
+    finally:
+        await deps.store.r.delete(*[k async for k in deps.store.r.scan_iter(names.key_pattern)])
+        await deps.close()
 
 
 async def delete_redis_namespace(url: str, namespace: str) -> int:

@@ -29,12 +29,12 @@ from shared.schemas import (
     JobRecord,
     JobState,
     NodeGpus,
-    NodeRecord,
     RankExited,
     RankStarted,
     ReleaseOrder,
 )
 from shared.settings import Settings
+from tests.integration.conftest import service_deps
 
 pytestmark = pytest.mark.asyncio
 
@@ -43,15 +43,8 @@ NOW = 1000.0
 
 @pytest_asyncio.fixture
 async def queue(nats_url: str, redis_url: str, namespace: str) -> AsyncIterator[QueueService]:
-    names = Names(prefix=namespace)
-    deps = await Deps.connect(Settings(prefix=namespace), "queue", nats_url, redis_url, names, clock=lambda: NOW)
-    for node in ("n0", "n1"):
-        await deps.store.put_node(NodeRecord(name=node, domain="d0"))
-    try:
+    async with service_deps(nats_url, redis_url, namespace, {"n0": "d0", "n1": "d0"}, clock=lambda: NOW) as deps:
         yield QueueService(deps)
-    finally:
-        await deps.store.r.delete(*[k async for k in deps.store.r.scan_iter(names.key_pattern)])
-        await deps.close()
 
 
 async def _events(q: QueueService, job: str) -> list[tuple[str, int]]:

@@ -17,8 +17,9 @@ from services.migration.service import MigrationService
 from services.queue.service import QueueService
 from shared.names import Names
 from shared.runtime import Deps
-from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, NodeRecord, TopologyBody
+from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, TopologyBody
 from shared.settings import Settings
+from tests.integration.conftest import service_deps
 
 pytestmark = pytest.mark.asyncio
 
@@ -27,15 +28,9 @@ NOW = 1000.0
 
 @pytest_asyncio.fixture
 async def deps(nats_url: str, redis_url: str, namespace: str) -> AsyncIterator[Deps]:
-    names = Names(prefix=namespace)
-    d = await Deps.connect(Settings(prefix=namespace), "queue", nats_url, redis_url, names, clock=lambda: NOW)
-    for node, domain in (("n0", "d0"), ("n1", "d0"), ("n2", "d1"), ("n3", "d1")):
-        await d.store.put_node(NodeRecord(name=node, domain=domain))
-    try:
+    nodes = {"n0": "d0", "n1": "d0", "n2": "d1", "n3": "d1"}
+    async with service_deps(nats_url, redis_url, namespace, nodes, clock=lambda: NOW) as d:
         yield d
-    finally:
-        await d.store.r.delete(*[k async for k in d.store.r.scan_iter(names.key_pattern)])
-        await d.close()
 
 
 async def _running(deps: Deps, job: str, node: str, duration_s: float) -> None:
