@@ -21,6 +21,10 @@ stack's event loop (`--same-process` puts it in) — then measures:
     events and from the API (`GET /v1/jobs?tenant=...&state=...` totals): nothing lost means
     accepted == terminal.
 
+(c) where the CPU goes: every process's CPU time (the stack's, nats-server's, Valkey's, the fleet's and the
+    service processes') is sampled through both phases; `cpu_latency_phase` gives each one's idle rate (5 s
+    before the load), its rate during (a) and the CPU per job beyond idle (`cpu_ms_per_job`, Linux only).
+
 One JSON document on stdout. Targets on the 2-core dev machine: p50 < 10 ms, p99 < 50 ms, >= 300
 submissions/s, nothing lost. `--profile` runs cProfile over the stack's process during (a) and (b), writes
 the .prof and adds the hottest functions and the time per component (service, library) to the JSON.
@@ -63,6 +67,7 @@ from shared.schemas import EVENTS, JobEvent
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 IDLE_CALLS = frozenset({"<method 'poll' of 'select.epoll' objects>", "<method 'select' of 'select.epoll' objects>"})
+IDLE_WINDOW_S = 5.0  # the processes' idle CPU rate is measured this long before the load starts
 TARGETS = {"latency_p50_ms": 10.0, "latency_p99_ms": 50.0, "submissions_per_s": 300.0}
 
 
@@ -164,8 +169,11 @@ async def latency_phase(
 ) -> dict[str, Any]:
     marks: dict[str, list[float]] = {"accepted": [], "pending": [], "placed": [], "running": []}
     failures: Counter[str] = Counter()
+    t_start = time.time()
     skipped: list[dict[str, Any]] = []
     for i in range(cfg.warmup_jobs + cfg.latency_jobs):
+        if i == cfg.warmup_jobs:
+            t_start = time.time()  # the measured jobs' window
         t0 = time.perf_counter()
         status, doc = await post_job(http, url, small_job(rng, "lat", i))
         t_acc = time.perf_counter()
@@ -198,6 +206,7 @@ async def latency_phase(
                 marks[state].append(seen[state] - t0)
     return {
         "jobs": len(marks["running"]),
+        "window": [t_start, time.time()],  # wall clock, so the stack's process can account its CPU to the phase
         "submit_to_running_ms": summary_ms(marks["running"]),
         "marks_ms_p50": {k: round(percentile([v * 1000 for v in vs], 50), 2) for k, vs in marks.items()},
         "marks_ms_p99": {k: round(percentile([v * 1000 for v in vs], 99), 2) for k, vs in marks.items()},
@@ -333,6 +342,59 @@ async def drive_in_child(url: str, nats_url: str, prefix: str, cfg: BenchConfig)
 # -- the stack ----------------------------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc); None when it can't be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class CpuSampler:
+    """Every process's CPU time, sampled every `period_s` (wall clock), to account it to a phase afterwards:
+    the job path's CPU per job is what the latency phase used beyond the processes' idle rate."""
+
+    def __init__(self, pids: dict[str, int], period_s: float = 0.25) -> None:
+        self.pids = pids
+        self.period_s = period_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+
+    def sample(self) -> None:
+        now = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.samples.append((time.time(), {k: v for k, v in now.items() if v is not None}))
+
+    async def run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(self.period_s)
+
+    def _between(self, t0: float, t1: float) -> tuple[float, dict[str, float]]:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 2:
+            return 0.0, {}
+        (ta, a), (tb, b) = inside[0], inside[-1]
+        return tb - ta, {k: b[k] - a[k] for k in b if k in a}
+
+    def report(self, idle: tuple[float, float], phase: tuple[float, float], jobs: int) -> dict[str, Any]:
+        idle_s, idle_cpu = self._between(*idle)
+        phase_s, phase_cpu = self._between(*phase)
+        out: dict[str, Any] = {"idle_window_s": round(idle_s, 1), "phase_window_s": round(phase_s, 1), "processes": {}}
+        if not idle_s or not phase_s or not jobs:
+            return out
+        total = {"idle_pct": 0.0, "phase_pct": 0.0, "cpu_ms_per_job": 0.0}
+        rate = jobs / phase_s
+        for name in phase_cpu:
+            idle_pct = 100 * idle_cpu.get(name, 0.0) / idle_s
+            phase_pct = 100 * phase_cpu[name] / phase_s
+            row = {"idle_pct": idle_pct, "phase_pct": phase_pct, "cpu_ms_per_job": 10 * (phase_pct - idle_pct) / rate}
+            out["processes"][name] = {k: round(v, 2) for k, v in row.items()}
+            total = {k: total[k] + row[k] for k in total}
+        out["total"] = {k: round(v, 2) for k, v in total.items()}
+        return out
+
+
 def component(filename: str) -> str:
     """Which part of the system a profiled function belongs to."""
     path = filename.replace("\\", "/")
@@ -452,6 +514,17 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
             "stack_s": round(started, 2),
             "nodes_before_load": await wait_registered(stack.gateway_url, cfg.domains * 18, cfg.register_timeout_s),
         }
+        pids = {"stack": os.getpid()}
+        for name, server in (("nats-server", stack.nats), ("valkey", stack.redis)):
+            if server is not None and server.pid is not None:
+                pids[name] = server.pid
+        if fleet is not None:
+            pids["fleet"] = fleet.pid
+        pids.update({f"service:{name}": p.pid for name, p in stack.processes.items()})
+        sampler = CpuSampler(pids)
+        sampling = asyncio.ensure_future(sampler.run())
+        idle = (time.time(), time.time() + IDLE_WINDOW_S)
+        await asyncio.sleep(IDLE_WINDOW_S)
         prof = cProfile.Profile() if cfg.profile else None
         if prof is not None:
             prof.enable()
@@ -463,6 +536,10 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
         finally:
             if prof is not None:
                 prof.disable()
+        sampling.cancel()
+        sampler.sample()
+        window = load["latency"].pop("window")
+        result["cpu_latency_phase"] = sampler.report(idle, (window[0], window[1]), load["latency"]["jobs"])
         result.update(load)
         queue = stack.services.get("queue")
         result["queue_cycles"] = getattr(queue, "cycles", None)
