@@ -190,9 +190,11 @@ def fill(
     demand: frozenset[int],
     seed: int,
     churn_rounds: int,
+    pin_aware: bool = False,
 ) -> Fleet:
     """Place the mixed stream through the policy up to the occupancy, then churn and refill."""
     policy = get_policy(policy_name)
+    policy.pin_aware = pin_aware
     state = ClusterState(topo, health)
     total = usable_gpus(state)
     goal = int(total * occupancy)
@@ -264,10 +266,16 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 
 def time_decisions(
-    policy_name: str, state: ClusterState, reqs: Sequence[Request], ends: Sequence[float], demand: frozenset[int]
+    policy_name: str,
+    state: ClusterState,
+    reqs: Sequence[Request],
+    ends: Sequence[float],
+    demand: frozenset[int],
+    pin_aware: bool = False,
 ) -> dict[str, object]:
     """Time `policy.place` per request on the same state (placements are not applied)."""
     policy = get_policy(policy_name)
+    policy.pin_aware = pin_aware
     for req, end in zip(reqs[:20], ends[:20], strict=False):  # warm caches (frag tables, descendants)
         policy.place(state, req, Context(now=NOW, job_end=end, demand=demand))
     ctxs = [Context(now=NOW, job_end=end, demand=demand) for end in ends]
@@ -312,13 +320,13 @@ def decision_counts(decisions: Sequence[object]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def time_cycle(fleet: Fleet, pending: Sequence[JobSpec], repeats: int) -> dict[str, object]:
+def time_cycle(fleet: Fleet, pending: Sequence[JobSpec], repeats: int, pin_aware: bool = False) -> dict[str, object]:
     """Wall time of one full cycle, each run on a freshly rebuilt filled state."""
     walls: list[float] = []
     counts: dict[str, int] | None = None
     for _ in range(repeats):
         state = fleet.state()
-        sched = Scheduler(CycleConfig(policy=fleet.policy))
+        sched = Scheduler(CycleConfig(policy=fleet.policy, pin_aware=pin_aware))
         gc.collect()
         t0 = time.perf_counter()
         result = sched.cycle(state, pending, NOW)
@@ -347,6 +355,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated policy names")
     ap.add_argument("--occupancies", default="0.5,0.9", help="comma-separated target occupancies")
+    ap.add_argument(
+        "--pin-aware",
+        action="store_true",
+        help="policies place for a migration planner (CycleConfig.pin_aware), as the running system does "
+        "with RACKSCALE_DEFRAG=on",
+    )
     args = ap.parse_args(argv)
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in args.policies:
@@ -371,6 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "domains": scale.domains,
         "seed": args.seed,
         "quick": args.quick,
+        "pin_aware": args.pin_aware,
     }
 
     # the cycle's pending mix (its run sizes are the demand every decision is scored against)
@@ -387,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[dict[str, object]] = []
     for occupancy in args.occupancies:
         for name in args.policies:
-            fleet = fill(name, topo, health, occupancy, demand, args.seed, scale.churn_rounds)
+            fleet = fill(name, topo, health, occupancy, demand, args.seed, scale.churn_rounds, args.pin_aware)
             state = fleet.state()
             head = {**base, "policy": name, "occupancy": occupancy}
             emit(
@@ -401,13 +416,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 }
             )
             for measure, reqs, ends in (("single_domain", single, single_ends), ("segmented", segmented, seg_ends)):
-                line = {**head, "measure": measure, **time_decisions(name, state, reqs, ends, demand)}
+                timed = time_decisions(name, state, reqs, ends, demand, args.pin_aware)
+                line = {**head, "measure": measure, **timed}
                 if name == "rackscale":
                     line["target_us"] = TARGETS_US[measure]
                     line["meets_target"] = line["p99_us"] < TARGETS_US[measure]
                 emit(line)
                 results.append(line)
-            line = {**head, "measure": f"cycle_{scale.pending}", **time_cycle(fleet, pending, scale.repeats)}
+            cycle = time_cycle(fleet, pending, scale.repeats, args.pin_aware)
+            line = {**head, "measure": f"cycle_{scale.pending}", **cycle}
             if name == "rackscale":
                 line["target_ms"] = TARGET_CYCLE_MS
                 # the median run, so one lucky run doesn't pass the target

@@ -67,6 +67,8 @@ class ClusterState:
         "full",
         "nfree",
         "node_jobs",
+        "pinned_in",
+        "pins",
         "topo",
         "usable",
     )
@@ -101,6 +103,10 @@ class ClusterState:
         self.nfree: list[int] = [m.bit_count() for m in self.free]
         self.node_jobs: list[dict[str, int]] = [{} for _ in range(n)]
         self.allocs: dict[str, Allocation] = {}
+        # jobs a migration planner can't move (`pins`) per node, and usable nodes holding one per NVLink domain:
+        # kept as jobs come and go, so pin-aware placement (policies/rackscale.py) reads a domain's in O(1)
+        self.pins: list[int] = [0] * n
+        self.pinned_in: list[int] = [0] * len(topo.group_nodes[topo.domain])
         kmax = topo.max_node_gpus
         self.count: list[list[list[int]]] = [
             [[0] * (kmax + 1) for _ in topo.group_nodes[li]] for li in range(len(topo.levels))
@@ -122,6 +128,8 @@ class ClusterState:
         other.nfree = self.nfree[:]
         other.node_jobs = [dict(jobs) for jobs in self.node_jobs]
         other.allocs = dict(self.allocs)
+        other.pins = self.pins[:]
+        other.pinned_in = self.pinned_in[:]
         other.count = [[row[:] for row in level] for level in self.count]
         return other
 
@@ -135,6 +143,25 @@ class ClusterState:
             row = self.count[li][groups[node]]
             for k in range(lo + 1, hi + 1):
                 row[k] += step
+
+    def pins_nodes(self, alloc: Allocation) -> bool:
+        """Whether the allocation pins its nodes: a job the migration planner can't move, one that can't
+        checkpoint or one with ranks in several NVLink domains (reservation holds don't count)."""
+        if alloc.hold:
+            return False
+        if not alloc.checkpointable:
+            return True
+        dom = self.topo.node_group[self.topo.domain]
+        first = dom[alloc.nodes[0]] if alloc.nodes else -1
+        return any(dom[n] != first for n in alloc.nodes)
+
+    def _pin(self, alloc: Allocation, step: int) -> None:
+        dom = self.topo.node_group[self.topo.domain]
+        for node in set(alloc.nodes):
+            before = self.pins[node]
+            self.pins[node] = after = before + step
+            if self.usable[node] and (before == 0) != (after == 0):
+                self.pinned_in[dom[node]] += step
 
     def capacity(self, level: int, group: int, k: int) -> int:
         """Usable nodes of a group with at least k free GPUs."""
@@ -164,6 +191,8 @@ class ClusterState:
         for node, mask in zip(alloc.nodes, alloc.masks, strict=True):
             self._take(node, mask, alloc.job_id)
         self.allocs[alloc.job_id] = alloc
+        if self.pins_nodes(alloc):
+            self._pin(alloc, 1)
 
     def _take(self, node: int, mask: int, job_id: str) -> None:
         old = self.nfree[node]
@@ -189,12 +218,16 @@ class ClusterState:
                 jobs[job_id] = left
             if self.usable[node]:
                 self._count(node, old, new)
+        if self.pins_nodes(alloc):
+            self._pin(alloc, -1)
         return alloc
 
     def set_usable(self, node: int, usable: bool) -> None:
         """Drain/undrain or down/up a node; its running allocations are untouched."""
         if self.usable[node] == usable:
             return
+        if self.pins[node]:
+            self.pinned_in[self.topo.node_group[self.topo.domain][node]] += 1 if usable else -1
         if usable:
             self.usable[node] = True
             self._count(node, -1, self.nfree[node])
@@ -235,3 +268,14 @@ class ClusterState:
                 ClusterState._count(fresh, node, -1, self.nfree[node])
         if fresh.count != self.count:
             raise StateError("group counts drifted from the node masks")
+        pins = [0] * len(topo)
+        for alloc in self.allocs.values():
+            if self.pins_nodes(alloc):
+                for node in set(alloc.nodes):
+                    pins[node] += 1
+        pinned_in = [0] * len(self.pinned_in)
+        for node, n in enumerate(pins):
+            if n and self.usable[node]:
+                pinned_in[topo.node_group[topo.domain][node]] += 1
+        if pins != self.pins or pinned_in != self.pinned_in:
+            raise StateError("pinned-node counts drifted from the allocations")

@@ -78,8 +78,7 @@ def test_scheduler_sets_pin_awareness() -> None:
 def test_pinned_nodes() -> None:
     f = two_kinds()
     f.run("s", 0, [15], ckpt=True, spread=[(1, [8])])  # checkpointable, but spans d00 and d01
-    dom_of = f.topo.node_group[f.topo.domain]
-    pinned = [f.topo.node_names[n] for n in range(len(f.topo)) if pinned_node(f.state, n, dom_of)]
+    pinned = [f.topo.node_names[n] for n in range(len(f.topo)) if pinned_node(f.state, n)]
     assert pinned == ["d00-n15", "d01-n00", "d01-n01", "d01-n02", "d01-n08"]
 
 

@@ -165,6 +165,35 @@ def test_unusable_node_not_counted_but_allocation_survives(health: str) -> None:
     state.check()
 
 
+def test_pinned_nodes_follow_allocations_usability_and_copies() -> None:
+    # pinned: a job the migration planner can't move holds GPUs there (no checkpoint, or ranks in two domains)
+    state = fleet(2, nodes=4)
+    n = [idx(state, f"d00-n0{i}") for i in range(4)] + [idx(state, f"d01-n0{i}") for i in range(4)]
+
+    def alloc(job: str, nodes: list[int], mask: int = 0b0001, **kw: bool) -> Allocation:
+        return Allocation(job, tuple(nodes), tuple(mask for _ in nodes), **kw)
+
+    state.allocate(alloc("stays", [n[0], n[1]]))  # can't checkpoint
+    state.allocate(alloc("moves", [n[2]], checkpointable=True))  # one domain, checkpointable: not pinning
+    state.allocate(alloc("spans", [n[3], n[4]], checkpointable=True))  # checkpointable, but in two domains
+    state.allocate(alloc("hold", [n[5]], hold=True))  # a reservation's hold never pins
+    state.allocate(alloc("also", [n[0]], 0b0010))  # a second pinning job on n00
+    assert state.pins[:8] == [2, 1, 0, 1, 1, 0, 0, 0] and state.pinned_in == [3, 1]
+    state.check()
+    copy = state.copy()
+    state.set_usable(n[0], False)  # a drained or down node is no domain's pinned usable node
+    assert state.pinned_in == [2, 1] and copy.pinned_in == [3, 1]
+    state.release("stays")
+    assert state.pins[:2] == [1, 0] and state.pinned_in == [1, 1]
+    state.set_usable(n[0], True)
+    assert state.pinned_in == [2, 1]
+    state.release("also")
+    state.release("spans")
+    assert state.pins == [0] * 8 and state.pinned_in == [0, 0]
+    state.check()
+    copy.check()
+
+
 @pytest.mark.parametrize(
     ("kw", "cells"),
     [({"draining": ["d00-n01"]}, "d00 .d.."), ({"down": ["d00-n01"]}, "d00 .x..")],

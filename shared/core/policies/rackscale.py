@@ -53,18 +53,10 @@ def frag_tables(demand: frozenset[int], group_size: int) -> tuple[int, tuple[int
     return max(protect, 1), stranded
 
 
-def pinned_node(state: ClusterState, node: int, dom_of: Sequence[int]) -> bool:
+def pinned_node(state: ClusterState, node: int) -> bool:
     """Whether a job the migration planner can't move holds GPUs on the node: one that can't checkpoint,
-    or one with ranks in another NVLink domain (reservation holds don't count)."""
-    allocs = state.allocs
-    d = dom_of[node]
-    for j in state.node_jobs[node]:
-        a = allocs[j]
-        if a.hold:
-            continue
-        if not a.checkpointable or any(dom_of[x] != d for x in a.nodes):
-            return True
-    return False
+    or one with ranks in another NVLink domain (reservation holds don't count; `ClusterState.pins`)."""
+    return state.pins[node] > 0
 
 
 class RackscalePolicy(Policy):
@@ -104,14 +96,9 @@ class RackscalePolicy(Policy):
         domain already holds so many pinned nodes that it can't be emptied to a planning unit (``nodes -
         SPARES``) anyway, 1 when it still could be after this job, 2 when this job is what pins it."""
         state = pk.state
-        topo = state.topo
-        dom_of = topo.node_group[topo.domain]
-        usable = pinned = 0
-        for n in topo.group_nodes[level][group]:
-            if state.usable[n]:
-                usable += 1
-                pinned += pinned_node(state, n, dom_of)
-        keep = topo.max_group_nodes(level) - SPARES
+        # usable nodes (those with >= 0 free GPUs) and the pinned ones among them, both kept by the state
+        usable, pinned = state.count[level][group][0], state.pinned_in[group]
+        keep = state.topo.max_group_nodes(level) - SPARES
         if usable - pinned < keep:
             return 0
         return 1 if usable - pinned - take >= keep else 2
@@ -283,12 +270,11 @@ class RackscalePolicy(Policy):
         # partial nodes: best fit (fewest free GPUs that still fit), healthy first; a job that can't move
         # goes beside others that can't (the node is pinned already)
         if self.pin_aware and not pk.req.job.checkpointable:
-            dom_of = state.topo.node_group[state.topo.domain]
             return sorted(
                 nodes,
                 key=lambda n: (
                     state.degraded[n] & state.free[n] != 0,
-                    not pinned_node(state, n, dom_of),
+                    not pinned_node(state, n),
                     state.nfree[n],
                     n,
                 ),
