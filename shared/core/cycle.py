@@ -146,8 +146,10 @@ class Scheduler:
         self.policy.pin_aware = self.config.pin_aware
         self.lend = self.config.lend_checkpointable
         self.promised: dict[str, frozenset[int]] = {}  # job id -> NVLink domains of its last reservation
-        # borrower job id -> the reserved jobs whose held nodes it took (`lend_checkpointable`)
+        # borrower job id -> the reserved jobs whose held nodes it took (`lend_checkpointable`); a borrower
+        # stays on loan until it ends: any job reserved last cycle may take its nodes back
         self.lent: dict[str, frozenset[str]] = {}
+        self.reserved: frozenset[str] = frozenset()  # the jobs the last cycle reserved
 
     def cycle(
         self,
@@ -211,6 +213,7 @@ class _Cycle:
                 if HOLD_PREFIX + h.job_id in self.state.allocs:
                     self.state.release(HOLD_PREFIX + h.job_id)
             self.sched.promised = self.promised
+            self.sched.reserved = frozenset(h.job_id for h in self.holds)
         return self.result
 
     def _decide(self, req: Request, demand: frozenset[int]) -> bool | None:
@@ -356,9 +359,8 @@ class _Cycle:
             disabled = {n for n in cover if state.usable[n]}
             for node in sorted(disabled):
                 stmt.set_usable(node, False)
-            # jobs borrowing this job's held nodes give them back when it fits: they end now, for it
-            lent = self.sched.lent
-            mine = {b for b, ls in lent.items() if req.job.id in ls} if lent else set()
+            # borrowers give their nodes back to whichever reserved job fits without them: they end now
+            mine = self.sched.lent
             events: list[tuple[float, int, str]] = [
                 (self.now if a.job_id in mine else max(a.expected_end, self.now), 0, a.job_id)
                 for a in state.allocs.values()
@@ -445,13 +447,15 @@ class _Cycle:
     def _reclaim(self, req: Request, ctx: Context, end: float) -> bool:
         """The job's reservation lent held nodes to checkpointable jobs: when it fits with them gone,
         preempt the ones in its way (they keep their progress) and start it."""
-        job_id = req.job.id
         lent = self.sched.lent
-        borrowers = sorted(b for b, ls in lent.items() if job_id in ls and b in self.state.allocs)
+        if req.job.id not in self.sched.reserved:
+            return False
+        borrowers = sorted(b for b in lent if b in self.state.allocs)
         if not borrowers:
             return False
         cp = self.stmt.checkpoint()
         gone = {b: self.stmt.release(b) for b in borrowers}
+        self._refresh_holds()  # what they free inside the layouts of the reservations ahead stays held
         placement = self.policy.place(self.state, req, ctx)
         self.stmt.rollback(cp)
         if placement is None:
@@ -459,7 +463,9 @@ class _Cycle:
         used = set(placement.nodes)
         victims = [b for b, a in gone.items() if used & set(a.nodes)]
         released = [self.stmt.release(v) for v in victims]
-        placement = self.policy.place(self.state, req, ctx) if victims else placement
+        if victims:
+            self._refresh_holds()
+            placement = self.policy.place(self.state, req, ctx)
         if placement is None:
             self.stmt.rollback(cp)
             return False
