@@ -24,7 +24,16 @@ another layout's forecast start is much earlier (`STICKY_FACTOR` times sooner, l
 Re-planning from scratch every cycle (Slurm) lets a multi-domain reservation wander after noisy estimates:
 the domains it left get refilled by the backlog, and the ones it moved to had not been held while they
 drained, so the job waits for several domains to drain together again and again. That memory (domain ids
-per reserved job) is the only thing a `Scheduler` keeps between cycles.
+per reserved job) is one of the three things a `Scheduler` keeps between cycles.
+
+Lending reserved nodes (`lend_checkpointable`; by default the policy's `lends_reserved`, i.e. rackscale): a
+checkpointable job may backfill into held nodes whatever its expected end. It stays on loan until it ends:
+every reservation's forecast counts every borrower as gone, and a job reserved last cycle that would fit
+without them preempts the borrowers in its way (checkpointed, their work kept). Owed only to the reservation
+it entered, a borrower that outlived that one's start (estimates run long: it often started elsewhere) held
+a draining domain to its own end, and the reservations made after counted on other domains (Philly's
+two-domain jobs waited hours longer; docs/evaluation.md, finding 6). The borrowers and the jobs reserved last
+cycle are the other two things a `Scheduler` keeps.
 """
 
 from __future__ import annotations
@@ -138,7 +147,8 @@ class _Hold:
 class Scheduler:
     """Runs cycles with one policy and configuration.
 
-    Between cycles it keeps only the domains of the last cycle's reservations (sticky policies).
+    Between cycles it keeps the domains of the last cycle's reservations (sticky policies), the jobs it
+    reserved, and the borrowers of reserved nodes (lending).
     """
 
     def __init__(self, config: CycleConfig | None = None) -> None:
