@@ -24,7 +24,16 @@ another layout's forecast start is much earlier (`STICKY_FACTOR` times sooner, l
 Re-planning from scratch every cycle (Slurm) lets a multi-domain reservation wander after noisy estimates:
 the domains it left get refilled by the backlog, and the ones it moved to had not been held while they
 drained, so the job waits for several domains to drain together again and again. That memory (domain ids
-per reserved job) is the only thing a `Scheduler` keeps between cycles.
+per reserved job) is one of the three things a `Scheduler` keeps between cycles.
+
+Lending reserved nodes (`lend_checkpointable`; by default the policy's `lends_reserved`, i.e. rackscale): a
+checkpointable job may backfill into held nodes whatever its expected end. It stays on loan until it ends:
+every reservation's forecast counts every borrower as gone, and a job reserved last cycle that would fit
+without them preempts the borrowers in its way (checkpointed, their work kept). Owed only to the reservation
+it entered, a borrower that outlived that one's start (estimates run long: it often started elsewhere) held
+a draining domain to its own end, and the reservations made after counted on other domains (Philly's
+two-domain jobs waited hours longer; docs/evaluation.md, finding 6). The borrowers and the jobs reserved last
+cycle are the other two things a `Scheduler` keeps.
 """
 
 from __future__ import annotations
@@ -61,11 +70,12 @@ class CycleConfig:
     preemption: bool = True
     default_runtime_s: float = 24 * 3600.0  # for jobs without an expected runtime
     max_tested: int | None = None  # jobs tried per cycle (Slurm's bf_max_job_test); None: all
-    # checkpointable jobs may backfill into a reservation's held nodes whatever their expected end; the
-    # reservation's job takes the nodes back (preempts them: checkpointed, requeued with their progress) as
-    # soon as it would fit without them. Off: Slurm's rule (only jobs expected to end before the start). It
-    # trades queue order for occupancy (docs/evaluation.md, finding 6): on with migration in the simulator
-    lend_checkpointable: bool = False
+    # checkpointable jobs may backfill into a reservation's held nodes whatever their expected end; they stay
+    # on loan until they end, and a reserved job takes their nodes back (preempts them: checkpointed, requeued
+    # with their progress) as soon as it would fit without them. Off: Slurm's rule (only jobs expected to end
+    # before the start). None: the policy's default (Policy.lends_reserved: rackscale lends, the baselines
+    # don't; docs/evaluation.md, finding 6)
+    lend_checkpointable: bool | None = None
     # a migration planner runs beside the scheduler: policies that can (rackscale) keep the jobs it can't move
     # together, so the other domains stay emptiable (Policy.pin_aware); off without migration, where the
     # packing it costs buys nothing (measured on the Kalos + Philly mix, docs/evaluation.md)
@@ -137,17 +147,21 @@ class _Hold:
 class Scheduler:
     """Runs cycles with one policy and configuration.
 
-    Between cycles it keeps only the domains of the last cycle's reservations (sticky policies).
+    Between cycles it keeps the domains of the last cycle's reservations (sticky policies), the jobs it
+    reserved, and the borrowers of reserved nodes (lending).
     """
 
     def __init__(self, config: CycleConfig | None = None) -> None:
         self.config = config or CycleConfig()
         self.policy: Policy = get_policy(self.config.policy)
         self.policy.pin_aware = self.config.pin_aware
-        self.lend = self.config.lend_checkpointable
+        lend = self.config.lend_checkpointable
+        self.lend = self.policy.lends_reserved if lend is None else lend
         self.promised: dict[str, frozenset[int]] = {}  # job id -> NVLink domains of its last reservation
-        # borrower job id -> the reserved jobs whose held nodes it took (`lend_checkpointable`)
+        # borrower job id -> the reserved jobs whose held nodes it took (`lend_checkpointable`); a borrower
+        # stays on loan until it ends: any job reserved last cycle may take its nodes back
         self.lent: dict[str, frozenset[str]] = {}
+        self.reserved: frozenset[str] = frozenset()  # the jobs the last cycle reserved
 
     def cycle(
         self,
@@ -211,6 +225,7 @@ class _Cycle:
                 if HOLD_PREFIX + h.job_id in self.state.allocs:
                     self.state.release(HOLD_PREFIX + h.job_id)
             self.sched.promised = self.promised
+            self.sched.reserved = frozenset(h.job_id for h in self.holds)
         return self.result
 
     def _decide(self, req: Request, demand: frozenset[int]) -> bool | None:
@@ -356,9 +371,8 @@ class _Cycle:
             disabled = {n for n in cover if state.usable[n]}
             for node in sorted(disabled):
                 stmt.set_usable(node, False)
-            # jobs borrowing this job's held nodes give them back when it fits: they end now, for it
-            lent = self.sched.lent
-            mine = {b for b, ls in lent.items() if req.job.id in ls} if lent else set()
+            # borrowers give their nodes back to whichever reserved job fits without them: they end now
+            mine = self.sched.lent
             events: list[tuple[float, int, str]] = [
                 (self.now if a.job_id in mine else max(a.expected_end, self.now), 0, a.job_id)
                 for a in state.allocs.values()
@@ -445,13 +459,15 @@ class _Cycle:
     def _reclaim(self, req: Request, ctx: Context, end: float) -> bool:
         """The job's reservation lent held nodes to checkpointable jobs: when it fits with them gone,
         preempt the ones in its way (they keep their progress) and start it."""
-        job_id = req.job.id
         lent = self.sched.lent
-        borrowers = sorted(b for b, ls in lent.items() if job_id in ls and b in self.state.allocs)
+        if req.job.id not in self.sched.reserved:
+            return False
+        borrowers = sorted(b for b in lent if b in self.state.allocs)
         if not borrowers:
             return False
         cp = self.stmt.checkpoint()
         gone = {b: self.stmt.release(b) for b in borrowers}
+        self._refresh_holds()  # what they free inside the layouts of the reservations ahead stays held
         placement = self.policy.place(self.state, req, ctx)
         self.stmt.rollback(cp)
         if placement is None:
@@ -459,7 +475,9 @@ class _Cycle:
         used = set(placement.nodes)
         victims = [b for b, a in gone.items() if used & set(a.nodes)]
         released = [self.stmt.release(v) for v in victims]
-        placement = self.policy.place(self.state, req, ctx) if victims else placement
+        if victims:
+            self._refresh_holds()
+            placement = self.policy.place(self.state, req, ctx)
         if placement is None:
             self.stmt.rollback(cp)
             return False

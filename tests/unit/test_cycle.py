@@ -882,6 +882,42 @@ def test_lent_reserved_nodes_come_back_when_the_reservation_is_due() -> None:
     _assert_clean(due)
 
 
+# A borrower stays on loan after the reservation it borrowed from has started elsewhere: a later reservation
+# counts it as gone and takes its nodes back. (Before, it was owed only to its lender: Y would have been
+# reserved at 1100 on d01, behind X, while S ran on in d00 for 1e5 s.)
+#   t=0    d00 AAAAAABBBBBB SSSSSS   X reserved at 300 on d00; S borrows n12-17 from X
+#          d01 DDDDDDDDD EEEEEEE ..
+#   t=100  d00 ......BBBBBB SSSSSS   D and E ended early: X starts on d01 (S stays); Y (16 nodes) counts S
+#          d01 XXXXXXXXXXXXXXXX..    as gone: reserved at 300 on d00, when B ends
+#   t=300  d00 ............ SSSSSS   Y fits without S: Preempt S, Allocate Y on d00 n00-15
+def test_a_borrower_stays_on_loan_after_its_lender_started_elsewhere() -> None:
+    sched = Scheduler(CycleConfig(reservations=1, lend_checkpointable=True))
+    x = job("X", 64, expected_runtime_s=1000.0)
+    s = job("S", 24, expected_runtime_s=1e5, checkpointable=True, submit_time=1.0)
+    y = job("Y", 64, expected_runtime_s=1000.0, submit_time=2.0)
+    by = sched.cycle(fleet(RESV_ROWS, RESV_RUNS), [x, s], 0.0).by_job()
+    assert isinstance(by["X"], Reserve) and isinstance(by["S"], Allocate)
+    assert sched.lent == {"S": frozenset({"X"})}
+
+    runs = {"B": Run(end=300.0), "S": Run(end=1e5, checkpointable=True)}
+    later = fleet(["......BBBBBB SSSSSS", "................. ."], runs)
+    by = sched.cycle(later, [x, y], 100.0).by_job()
+    assert isinstance(by["X"], Allocate) and domains_of(later.topo, by["X"].nodes) == {"d01"}
+    assert isinstance(by["Y"], Reserve) and by["Y"].start == 300.0
+    assert domains_of(later.topo, by["Y"].nodes) == {"d00"}
+    assert sched.lent == {"S": frozenset({"X"})} and sched.reserved == {"Y"}
+
+    runs["X"] = Run(end=1100.0)
+    due = fleet(["............ SSSSSS", "XXXXXXXXXXXXXXXX .."], runs)
+    decisions = sched.cycle(due, [y], 300.0).decisions
+    assert decisions == [
+        Preempt("S", "Y", True),
+        Allocate("Y", nodes(due.topo, 0, range(16)), (0b1111,) * 16, 1300.0, False),
+    ]
+    assert sched.lent == {}
+    _assert_clean(due)
+
+
 def test_without_lending_a_long_job_stays_off_reserved_nodes() -> None:
     state = fleet(RESV_ROWS, RESV_RUNS)
     x = job("X", 64, expected_runtime_s=1000.0)
@@ -889,8 +925,10 @@ def test_without_lending_a_long_job_stays_off_reserved_nodes() -> None:
     by = cycle(state, [x, s], config=CycleConfig(reservations=1, lend_checkpointable=False)).by_job()
     assert isinstance(by["X"], Reserve)
     assert isinstance(by["S"], Pending)
-    # off unless configured (Slurm's rule); the simulator turns it on with migration
-    assert not Scheduler(CycleConfig(policy="rackscale")).lend
+    # the policy's default unless configured: rackscale lends, the baselines keep Slurm's rule
+    assert Scheduler(CycleConfig(policy="rackscale")).lend
+    assert not Scheduler(CycleConfig(policy="rackscale", lend_checkpointable=False)).lend
+    assert not Scheduler(CycleConfig(policy="block")).lend
     assert Scheduler(CycleConfig(policy="block", lend_checkpointable=True)).lend
     # a job that can't checkpoint is never lent reserved nodes
     state = fleet(RESV_ROWS, RESV_RUNS)

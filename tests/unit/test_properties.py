@@ -343,8 +343,8 @@ def check_reservations(
     if not reserves:
         return
     topo = after.topo
-    # whole-node reservations: nothing on the reserved nodes runs past the start but the jobs that borrowed
-    # them (they give them back when the reservation's job fits)
+    # whole-node reservations: nothing on the reserved nodes runs past the start but borrowers (they stay on
+    # loan until they end: they give their nodes back to any reserved job that fits without them)
     for r in reserves:
         req = request(specs[r.job_id], topo)
         if req.k != topo.max_node_gpus:
@@ -354,7 +354,7 @@ def check_reservations(
             (a.job_id, topo.node_names[n], a.expected_end)
             for a in after.allocs.values()
             for n in a.nodes
-            if n in nodes and a.expected_end > r.start and r.job_id not in lent.get(a.job_id, ())
+            if n in nodes and a.expected_end > r.start and a.job_id not in lent
         )
         if late:
             ctx.fail(f"{r.job_id} reserved for t={r.start} on nodes busy past it: {late[:4]}")
