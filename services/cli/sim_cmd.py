@@ -125,8 +125,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("on", "off", "auto"),
         default="auto",
         help="checkpointable jobs may backfill into reserved nodes and are preempted (keeping their progress) "
-        "when a reserved job fits without them (default auto: the policy's default, on for rackscale and off for "
-        "the baselines; on for every policy with --migration on; off: Slurm's rule)",
+        "when the reservation's job fits without them (default auto: on with --migration on, off without)",
     )
     p.add_argument(
         "--move-segments",

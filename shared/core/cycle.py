@@ -70,12 +70,11 @@ class CycleConfig:
     preemption: bool = True
     default_runtime_s: float = 24 * 3600.0  # for jobs without an expected runtime
     max_tested: int | None = None  # jobs tried per cycle (Slurm's bf_max_job_test); None: all
-    # checkpointable jobs may backfill into a reservation's held nodes whatever their expected end; they stay
-    # on loan until they end, and a reserved job takes their nodes back (preempts them: checkpointed, requeued
-    # with their progress) as soon as it would fit without them. Off: Slurm's rule (only jobs expected to end
-    # before the start). None: the policy's default (Policy.lends_reserved: rackscale lends, the baselines
-    # don't; docs/evaluation.md, finding 6)
-    lend_checkpointable: bool | None = None
+    # checkpointable jobs may backfill into a reservation's held nodes whatever their expected end; the
+    # reservation's job takes the nodes back (preempts them: checkpointed, requeued with their progress) as
+    # soon as it would fit without them. Off: Slurm's rule (only jobs expected to end before the start). It
+    # trades queue order for occupancy (docs/evaluation.md, finding 6): on with migration in the simulator
+    lend_checkpointable: bool = False
     # a migration planner runs beside the scheduler: policies that can (rackscale) keep the jobs it can't move
     # together, so the other domains stay emptiable (Policy.pin_aware); off without migration, where the
     # packing it costs buys nothing (measured on the Kalos + Philly mix, docs/evaluation.md)
@@ -155,8 +154,7 @@ class Scheduler:
         self.config = config or CycleConfig()
         self.policy: Policy = get_policy(self.config.policy)
         self.policy.pin_aware = self.config.pin_aware
-        lend = self.config.lend_checkpointable
-        self.lend = self.policy.lends_reserved if lend is None else lend
+        self.lend = self.config.lend_checkpointable
         self.promised: dict[str, frozenset[int]] = {}  # job id -> NVLink domains of its last reservation
         # borrower job id -> the reserved jobs whose held nodes it took (`lend_checkpointable`); a borrower
         # stays on loan until it ends: any job reserved last cycle may take its nodes back

@@ -90,8 +90,7 @@ class SimConfig:
     migration_budget: MigrationBudget = field(default_factory=MigrationBudget)
     migration_interval_s: float = 300.0
     # checkpointable jobs may backfill into reserved nodes and give them back when the reservation's job
-    # fits (CycleConfig.lend_checkpointable); None: on with migration (part of its stack), else the policy's
-    # default (rackscale lends, the baselines don't)
+    # fits (CycleConfig.lend_checkpointable); None: on with migration (part of its stack), off without
     lend_reserved: bool | None = None
 
     def cycle_config(self) -> CycleConfig:
@@ -101,7 +100,7 @@ class SimConfig:
             backfill=self.backfill,
             preemption=self.preemption,
             max_tested=self.max_tested,
-            lend_checkpointable=self.lend_reserved if self.lend_reserved is not None else (self.migration or None),
+            lend_checkpointable=self.migration if self.lend_reserved is None else self.lend_reserved,
             pin_aware=self.migration,
         )
 

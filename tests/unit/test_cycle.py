@@ -925,10 +925,8 @@ def test_without_lending_a_long_job_stays_off_reserved_nodes() -> None:
     by = cycle(state, [x, s], config=CycleConfig(reservations=1, lend_checkpointable=False)).by_job()
     assert isinstance(by["X"], Reserve)
     assert isinstance(by["S"], Pending)
-    # the policy's default unless configured: rackscale lends, the baselines keep Slurm's rule
-    assert Scheduler(CycleConfig(policy="rackscale")).lend
-    assert not Scheduler(CycleConfig(policy="rackscale", lend_checkpointable=False)).lend
-    assert not Scheduler(CycleConfig(policy="block")).lend
+    # off unless configured (Slurm's rule); the simulator turns it on with migration
+    assert not Scheduler(CycleConfig(policy="rackscale")).lend
     assert Scheduler(CycleConfig(policy="block", lend_checkpointable=True)).lend
     # a job that can't checkpoint is never lent reserved nodes
     state = fleet(RESV_ROWS, RESV_RUNS)
