@@ -26,13 +26,14 @@ the domains it left get refilled by the backlog, and the ones it moved to had no
 drained, so the job waits for several domains to drain together again and again. That memory (domain ids
 per reserved job) is one of the three things a `Scheduler` keeps between cycles.
 
-Lending reserved nodes (`lend_checkpointable`; by default the policy's `lends_reserved`, i.e. rackscale): a
-checkpointable job may backfill into held nodes whatever its expected end. It stays on loan until it ends:
-every reservation's forecast counts every borrower as gone, and a job reserved last cycle that would fit
-without them preempts the borrowers in its way (checkpointed, their work kept). Owed only to the reservation
-it entered, a borrower that outlived that one's start (estimates run long: it often started elsewhere) held
-a draining domain to its own end, and the reservations made after counted on other domains (Philly's
-two-domain jobs waited hours longer; docs/evaluation.md, finding 6). The borrowers and the jobs reserved last
+Lending reserved nodes (`lend_checkpointable`, an option: off by default, on with migration in the
+simulator; it trades queue order for occupancy, docs/evaluation.md, finding 6): a checkpointable job may
+backfill into held nodes whatever its expected end. It stays on loan until it ends: every reservation's
+forecast counts every borrower as gone, and a job reserved last cycle that would fit without them preempts
+the borrowers in its way (checkpointed, their work kept). Owed only to the reservation it entered, a borrower
+that outlived that one's start (estimates run long: it often started elsewhere) held a draining domain to its
+own end, and the reservations made after counted on other domains (Philly's two-domain jobs waited hours
+longer; docs/evaluation.md, finding 6). The borrowers and the jobs reserved last
 cycle are the other two things a `Scheduler` keeps.
 """
 
@@ -70,10 +71,11 @@ class CycleConfig:
     preemption: bool = True
     default_runtime_s: float = 24 * 3600.0  # for jobs without an expected runtime
     max_tested: int | None = None  # jobs tried per cycle (Slurm's bf_max_job_test); None: all
-    # checkpointable jobs may backfill into a reservation's held nodes whatever their expected end; the
-    # reservation's job takes the nodes back (preempts them: checkpointed, requeued with their progress) as
-    # soon as it would fit without them. Off: Slurm's rule (only jobs expected to end before the start). It
-    # trades queue order for occupancy (docs/evaluation.md, finding 6): on with migration in the simulator
+    # checkpointable jobs may backfill into a reservation's held nodes whatever their expected end; they stay
+    # on loan until they end, and a reserved job takes their nodes back (preempts them: checkpointed, requeued
+    # with their progress) as soon as it would fit without them. Off: Slurm's rule (only jobs expected to end
+    # before the start). It trades queue order for occupancy (docs/evaluation.md, finding 6): on with
+    # migration in the simulator
     lend_checkpointable: bool = False
     # a migration planner runs beside the scheduler: policies that can (rackscale) keep the jobs it can't move
     # together, so the other domains stay emptiable (Policy.pin_aware); off without migration, where the
