@@ -3,7 +3,8 @@
 A PlaceOrder is committed by the Lua script in `shared.store` (every GPU still free, every node up,
 the job holding nothing else), so any number of placement replicas can run side by side: two of them
 can never hand out one GPU twice. Only after the commit do the agents get their StartRank commands.
-A ReleaseOrder frees the job's GPUs at once and tells its agents to stop the ranks.
+A ReleaseOrder frees the job's GPUs at once and tells its agents to stop the ranks (none when every rank has
+exited already: `ReleaseOrder.stop_ranks`).
 Orders are redelivered until acked, and both paths are idempotent.
 """
 
