@@ -69,13 +69,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.load is not None:
         rows, _ = scale_to_load(rows, fleet.gpus, args.load)
     jobs = map_jobs(rows, MappingConfig(), fleet.topology(), args.seed).jobs
-    print(json.dumps({"bench": "setup", "jobs": len(jobs), "load_trace_s": round(load_s, 2), "domains": args.domains,
-                      "gpus": fleet.gpus, "python": platform.python_version(), "cpus": os.cpu_count()}), flush=True)
+    print(
+        json.dumps(
+            {
+                "bench": "setup",
+                "jobs": len(jobs),
+                "load_trace_s": round(load_s, 2),
+                "domains": args.domains,
+                "gpus": fleet.gpus,
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+            }
+        ),
+        flush=True,
+    )
     worst = 0.0
     for policy in [p.strip() for p in args.policies.split(",") if p.strip()]:
-        cfg = SimConfig(policy=policy, seed=args.seed, fleet=fleet, failures=FailureModel(),
-                        cycle_interval_s=args.cycle_interval, queue_depth=args.queue_depth or None,
-                        migration=args.migration, migration_budget=MigrationBudget(max_moves=16, early=True))
+        cfg = SimConfig(
+            policy=policy,
+            seed=args.seed,
+            fleet=fleet,
+            failures=FailureModel(),
+            cycle_interval_s=args.cycle_interval,
+            queue_depth=args.queue_depth or None,
+            migration=args.migration,
+            migration_budget=MigrationBudget(max_moves=16, early=True),
+        )
         prof = cProfile.Profile() if policy == args.profile else None
         t0 = time.perf_counter()
         if prof:
@@ -85,20 +104,43 @@ def main(argv: list[str] | None = None) -> int:
             prof.disable()
         wall = time.perf_counter() - t0
         worst = max(worst, wall)
-        print(json.dumps({
-            "bench": "replay", "policy": policy, "wall_s": round(wall, 1), "events": res.events,
-            "events_per_s": round(res.events / wall), "batches": res.batches, "cycles": res.cycles,
-            "cycle_s": round(res.cycle_time_s, 1), "sim_s": round(wall - res.cycle_time_s, 1),
-            "finished": sum(1 for r in res.jobs if r.end is not None), "jobs": len(res.jobs),
-            **({"plan_s": round(res.migration.plan_time_s, 1), "plan_calls": res.migration.plan_calls,
-                "moves": res.migration.defrag_moves + res.migration.evac_moves} if res.migration else {}),
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    "bench": "replay",
+                    "policy": policy,
+                    "wall_s": round(wall, 1),
+                    "events": res.events,
+                    "events_per_s": round(res.events / wall),
+                    "batches": res.batches,
+                    "cycles": res.cycles,
+                    "cycle_s": round(res.cycle_time_s, 1),
+                    "sim_s": round(wall - res.cycle_time_s, 1),
+                    "finished": sum(1 for r in res.jobs if r.end is not None),
+                    "jobs": len(res.jobs),
+                    **(
+                        {
+                            "plan_s": round(res.migration.plan_time_s, 1),
+                            "plan_calls": res.migration.plan_calls,
+                            "moves": res.migration.defrag_moves + res.migration.evac_moves,
+                        }
+                        if res.migration
+                        else {}
+                    ),
+                }
+            ),
+            flush=True,
+        )
         if prof:
             buf = io.StringIO()
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(15)
             print(buf.getvalue(), file=sys.stderr)
-    print(json.dumps({"bench": "summary", "target_s_per_policy": TARGET_S, "worst_s": round(worst, 1),
-                      "met": worst < TARGET_S}), flush=True)
+    print(
+        json.dumps(
+            {"bench": "summary", "target_s_per_policy": TARGET_S, "worst_s": round(worst, 1), "met": worst < TARGET_S}
+        ),
+        flush=True,
+    )
     return 0
 
 

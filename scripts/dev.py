@@ -61,10 +61,11 @@ def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "test":
         ensure_browser()
-        lint = subprocess.run([str(py), "-m", "ruff", "check", "shared", "services", "tests", "bench", "scripts"],
-                              cwd=ROOT)
+        paths = ["shared", "services", "tests", "bench", "scripts"]
+        lint = subprocess.run([str(py), "-m", "ruff", "check", *paths], cwd=ROOT)
+        form = subprocess.run([str(py), "-m", "ruff", "format", "--check", "--quiet", *paths], cwd=ROOT)
         tests = subprocess.run([str(py), "-m", "pytest", *rest], cwd=ROOT)
-        return lint.returncode or tests.returncode
+        return lint.returncode or form.returncode or tests.returncode
     return subprocess.run([str(py), "-m", "services.cli", "up", *rest], cwd=ROOT).returncode
 
 
