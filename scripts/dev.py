@@ -2,7 +2,7 @@
 """The README's two commands, for a fresh machine with only Python 3.11+.
 
     python3 scripts/dev.py up     # start Rackscale locally
-    python3 scripts/dev.py test   # lint + the whole test suite
+    python3 scripts/dev.py test   # lint, format check and the whole test suite
 
 Both create `.venv` and install the project (with its dev extras) on first use, and reinstall when
 `pyproject.toml` changes. Standard library only: this runs before anything is installed.
