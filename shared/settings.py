@@ -271,6 +271,12 @@ class Settings:
     def names(self) -> Names:
         return Names(prefix=self.prefix, cell=self.cell)
 
+    @property
+    def pin_aware(self) -> bool:
+        """While the migration service defragments, placement keeps the jobs its planner can't move together
+        (`CycleConfig.pin_aware`, as `rackscale sim --migration on`): the queue's cycle and the planner alike."""
+        return self.defrag == "on"
+
     @classmethod
     def describe(cls) -> list[Setting]:
         """The settings table (field, variable, accepted values, default, meaning), in declaration order."""

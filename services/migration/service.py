@@ -88,7 +88,7 @@ class MigrationService(Service):
         super().__init__(deps)
         s = deps.settings
         self.policy = get_policy(s.policy)
-        self.policy.pin_aware = s.defrag == "on"  # as the queue's cycle places: moved jobs go where it would put them
+        self.policy.pin_aware = s.pin_aware  # as the queue's cycle places: moved jobs go where it would put them
         self.topology = TopologyView(deps.store)
         self.records: dict[str, MigrationRecord] = {}  # every move this service knows, by id
         self.kick = asyncio.Event()

@@ -105,9 +105,7 @@ class QueueService(Service):
     def __init__(self, deps: Deps, config: CycleConfig | None = None) -> None:
         super().__init__(deps)
         tenants = tenants_from_settings(deps.settings)  # quotas and weights (RACKSCALE_TENANTS_FILE)
-        # with the migration service defragmenting (RACKSCALE_DEFRAG), the cycle places for its planner as
-        # `rackscale sim --migration on` does: jobs it can't move kept together, other domains emptiable
-        pin_aware = deps.settings.defrag == "on"
+        pin_aware = deps.settings.pin_aware  # the cycle places for the migration planner while it defragments
         default = CycleConfig(policy=deps.settings.policy, tenants=tenants, pin_aware=pin_aware)
         self.scheduler = Scheduler(config or default)
         self._shared_reservations: dict[str, list[str]] | None = None  # as last written for the planner
