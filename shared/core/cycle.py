@@ -457,8 +457,9 @@ class _Cycle:
         return True
 
     def _reclaim(self, req: Request, ctx: Context, end: float) -> bool:
-        """The job's reservation lent held nodes to checkpointable jobs: when it fits with them gone,
-        preempt the ones in its way (they keep their progress) and start it."""
+        """A job reserved last cycle, with borrowers of reserved nodes about (any reservation's: they stay on
+        loan until they end): when it fits with them gone, preempt the ones in its way (they keep their
+        progress) and start it."""
         lent = self.sched.lent
         if req.job.id not in self.sched.reserved:
             return False
