@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from shared.core import POLICIES
+from shared.core import LEND_MIN_NODES, POLICIES
 
 DEFAULT_POLICIES = "flat,tree,block,rackscale"
 
@@ -28,6 +28,16 @@ def _ints(text: str) -> tuple[int, ...]:
     if not vals:
         raise argparse.ArgumentTypeError("expected at least one number")
     return vals
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def _window(text: str) -> tuple[float, float]:
@@ -125,7 +135,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("on", "off", "auto"),
         default="auto",
         help="checkpointable jobs may backfill into reserved nodes and are preempted (keeping their progress) "
-        "when the reservation's job fits without them (default auto: on with --migration on, off without)",
+        "when a reserved job fits without them (default auto: the policy's default, on for rackscale and off for "
+        "the baselines; on for every policy with --migration on; off: Slurm's rule)",
+    )
+    p.add_argument(
+        "--lend-min-nodes",
+        type=_positive_int,
+        default=LEND_MIN_NODES,
+        help=f"jobs of fewer nodes never borrow reserved nodes (default {LEND_MIN_NODES}; 1: any size)",
     )
     p.add_argument(
         "--move-segments",
@@ -262,6 +279,7 @@ def build_experiment(args: argparse.Namespace) -> Any:
         migration=args.migration == "on",
         migration_interval_s=args.migration_interval,
         lend_reserved=None if args.lend_reserved == "auto" else args.lend_reserved == "on",
+        lend_min_nodes=args.lend_min_nodes,
         migration_budget=MigrationBudget(
             max_moves=args.max_moves, early=args.consolidate_early == "on", segments=args.move_segments == "on"
         ),

@@ -4,7 +4,7 @@ No asyncio, NATS, Redis or clock in here (tests/unit/test_core_purity.py checks 
 state come in, decisions come out. The services, the simulator and the benchmarks all call this code.
 """
 
-from shared.core.cycle import CycleConfig, CycleResult, Scheduler, TenantPolicy, order_jobs
+from shared.core.cycle import LEND_MIN_NODES, CycleConfig, CycleResult, Scheduler, TenantPolicy, order_jobs
 from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve
 from shared.core.migration import Evacuation, MigrationBudget, Movable, Move, Plan, plan_defrag, plan_evacuation
 from shared.core.policies import POLICIES, Context, Placement, Policy, get_policy
@@ -14,6 +14,7 @@ from shared.core.statement import Statement
 from shared.core.topology import GpuState, Health, NodeSpec, NodeState, Topology, TopologyError
 
 __all__ = [
+    "LEND_MIN_NODES",
     "POLICIES",
     "Allocate",
     "Allocation",

@@ -26,15 +26,16 @@ the domains it left get refilled by the backlog, and the ones it moved to had no
 drained, so the job waits for several domains to drain together again and again. That memory (domain ids
 per reserved job) is one of the three things a `Scheduler` keeps between cycles.
 
-Lending reserved nodes (`lend_checkpointable`, an option: off by default, on with migration in the
-simulator; it trades queue order for occupancy, docs/evaluation.md, finding 6): a checkpointable job may
-backfill into held nodes whatever its expected end. It stays on loan until it ends: every reservation's
-forecast counts every borrower as gone, and a job reserved last cycle that would fit without them preempts
-the borrowers in its way (checkpointed, their work kept). Owed only to the reservation it entered, a borrower
-that outlived that one's start (estimates run long: it often started elsewhere) held a draining domain to its
-own end, and the reservations made after counted on other domains (Philly's two-domain jobs waited hours
-longer; docs/evaluation.md, finding 6). The borrowers and the jobs reserved last
-cycle are the other two things a `Scheduler` keeps.
+Lending reserved nodes (`lend_checkpointable`; None, the default, takes the policy's choice: rackscale
+lends, the baselines keep Slurm's rule): a checkpointable job of at least `lend_min_nodes` nodes may backfill
+into held nodes whatever its expected end. It stays on loan until it ends: every reservation's forecast
+counts every borrower as gone, and a job reserved last cycle that would fit without them preempts the
+borrowers in its way (checkpointed, their work kept; never one started in the same cycle). Owed only to the
+reservation it entered, a borrower that outlived that one's start (estimates run long: it often started
+elsewhere) held a draining domain to its own end, and the reservations made after counted on other domains
+(Philly's two-domain jobs waited hours longer). Small jobs don't borrow: they fit the holes other small jobs
+leave everywhere, and their loans only cost the large jobs reclaims (docs/evaluation.md, finding 6). The
+borrowers and the jobs reserved last cycle are the other two things a `Scheduler` keeps.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ STICKY_SLACK_S = 3600.0
 _UNKNOWN = object()  # a forecast that runs into jobs without an expected end
 
 
+LEND_MIN_NODES = 4  # CycleConfig.lend_min_nodes's default
+
+
 @dataclass(frozen=True, slots=True)
 class TenantPolicy:
     weight: float = 1.0
@@ -74,9 +78,13 @@ class CycleConfig:
     # checkpointable jobs may backfill into a reservation's held nodes whatever their expected end; they stay
     # on loan until they end, and a reserved job takes their nodes back (preempts them: checkpointed, requeued
     # with their progress) as soon as it would fit without them. Off: Slurm's rule (only jobs expected to end
-    # before the start). It trades queue order for occupancy (docs/evaluation.md, finding 6): on with
-    # migration in the simulator
-    lend_checkpointable: bool = False
+    # before the start). None: the policy's default (Policy.lends_reserved: rackscale lends, the baselines
+    # don't). Needs preemption (a loan is given back by it)
+    lend_checkpointable: bool | None = None
+    # jobs of fewer nodes never borrow: they soon fit elsewhere, and their loans cost the large jobs reclaims
+    # (Philly at 0.9, 5 seeds: large-job p95 39.3 h lending to every size, 36.1 h from 4 nodes; the Kalos mix
+    # borrows only with its 16+-node gangs either way; docs/evaluation.md, finding 6)
+    lend_min_nodes: int = LEND_MIN_NODES
     # a migration planner runs beside the scheduler: policies that can (rackscale) keep the jobs it can't move
     # together, so the other domains stay emptiable (Policy.pin_aware); off without migration, where the
     # packing it costs buys nothing (measured on the Kalos + Philly mix, docs/evaluation.md)
@@ -156,7 +164,9 @@ class Scheduler:
         self.config = config or CycleConfig()
         self.policy: Policy = get_policy(self.config.policy)
         self.policy.pin_aware = self.config.pin_aware
-        self.lend = self.config.lend_checkpointable
+        lend = self.config.lend_checkpointable
+        # a loan is given back by preemption: without it reserved nodes are not lent (Slurm's rule)
+        self.lend = (self.policy.lends_reserved if lend is None else lend) and self.config.preemption
         self.promised: dict[str, frozenset[int]] = {}  # job id -> NVLink domains of its last reservation
         # borrower job id -> the reserved jobs whose held nodes it took (`lend_checkpointable`); a borrower
         # stays on loan until it ends: any job reserved last cycle may take its nodes back
@@ -192,6 +202,7 @@ class _Cycle:
             if not a.hold:
                 self.held[a.tenant] = self.held.get(a.tenant, 0) + a.gpus
         self.failed_preempt: dict[tuple[object, ...], int] = {}
+        self.lent_now: set[str] = set()  # borrowers started this cycle
         if sched.lent:  # borrowers that ended or were moved off elsewhere owe nothing
             sched.lent = {b: ls for b, ls in sched.lent.items() if b in state.allocs}
         # lowest priority among running jobs: no preemption what-if for jobs at or below it
@@ -433,7 +444,7 @@ class _Cycle:
     def _borrow(self, req: Request, ctx: Context, end: float) -> bool:
         """Backfill into held nodes of reservations that start after this job is expected to end (with
         lending on, a checkpointable job into any reservation's: it gives them back when asked)."""
-        lend = self.sched.lend and req.job.checkpointable
+        lend = self.sched.lend and req.job.checkpointable and req.nodes >= self.cfg.lend_min_nodes
         lendable = [h for h in self.holds if (lend or h.start >= end) and HOLD_PREFIX + h.job_id in self.state.allocs]
         if not lendable:
             return False
@@ -452,6 +463,7 @@ class _Cycle:
             lenders = frozenset(h.job_id for h in self.holds if h.start < end and used & set(h.nodes))
             if lenders:
                 self.sched.lent[req.job.id] = lenders
+                self.lent_now.add(req.job.id)
         for h in lendable:
             self._apply_hold(h)
         return True
@@ -463,7 +475,8 @@ class _Cycle:
         lent = self.sched.lent
         if req.job.id not in self.sched.reserved:
             return False
-        borrowers = sorted(b for b in lent if b in self.state.allocs)
+        # not one lent this cycle: its Allocate is already decided (a preemption would undo a start)
+        borrowers = sorted(b for b in lent if b in self.state.allocs and b not in self.lent_now)
         if not borrowers:
             return False
         cp = self.stmt.checkpoint()

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from shared.core import (
+    LEND_MIN_NODES,
     Allocate,
     ClusterState,
     CycleConfig,
@@ -90,8 +91,10 @@ class SimConfig:
     migration_budget: MigrationBudget = field(default_factory=MigrationBudget)
     migration_interval_s: float = 300.0
     # checkpointable jobs may backfill into reserved nodes and give them back when the reservation's job
-    # fits (CycleConfig.lend_checkpointable); None: on with migration (part of its stack), off without
+    # fits (CycleConfig.lend_checkpointable); None: on with migration (part of its stack), else the policy's
+    # default (rackscale lends, the baselines don't)
     lend_reserved: bool | None = None
+    lend_min_nodes: int = LEND_MIN_NODES  # jobs of fewer nodes never borrow
 
     def cycle_config(self) -> CycleConfig:
         return CycleConfig(
@@ -100,7 +103,8 @@ class SimConfig:
             backfill=self.backfill,
             preemption=self.preemption,
             max_tested=self.max_tested,
-            lend_checkpointable=self.migration if self.lend_reserved is None else self.lend_reserved,
+            lend_checkpointable=self.lend_reserved if self.lend_reserved is not None else (self.migration or None),
+            lend_min_nodes=self.lend_min_nodes,
             pin_aware=self.migration,
         )
 

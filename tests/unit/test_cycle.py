@@ -918,6 +918,20 @@ def test_a_borrower_stays_on_loan_after_its_lender_started_elsewhere() -> None:
     _assert_clean(due)
 
 
+def test_jobs_under_the_node_floor_dont_borrow() -> None:
+    # RESV fleet: d01 has 3 free nodes, so a 4-node job fits only on d00's, which X holds
+    x = job("X", 64, expected_runtime_s=1000.0)
+    four = job("F", 16, expected_runtime_s=1e5, checkpointable=True, submit_time=1.0)
+    for floor, borrows in ((4, True), (5, False)):
+        config = CycleConfig(reservations=1, lend_checkpointable=True, lend_min_nodes=floor)
+        by = cycle(fleet(RESV_ROWS, RESV_RUNS), [x, four], config=config).by_job()
+        assert isinstance(by["X"], Reserve)
+        assert isinstance(by["F"], Allocate if borrows else Pending), (floor, by["F"])
+    assert CycleConfig().lend_min_nodes == 4
+    # a loan is given back by preemption: with preemption off nothing is lent
+    assert not Scheduler(CycleConfig(lend_checkpointable=True, preemption=False)).lend
+
+
 def test_without_lending_a_long_job_stays_off_reserved_nodes() -> None:
     state = fleet(RESV_ROWS, RESV_RUNS)
     x = job("X", 64, expected_runtime_s=1000.0)
@@ -925,8 +939,10 @@ def test_without_lending_a_long_job_stays_off_reserved_nodes() -> None:
     by = cycle(state, [x, s], config=CycleConfig(reservations=1, lend_checkpointable=False)).by_job()
     assert isinstance(by["X"], Reserve)
     assert isinstance(by["S"], Pending)
-    # off unless configured (Slurm's rule); the simulator turns it on with migration
-    assert not Scheduler(CycleConfig(policy="rackscale")).lend
+    # the policy's default unless configured: rackscale lends, the baselines keep Slurm's rule
+    assert Scheduler(CycleConfig(policy="rackscale")).lend
+    assert not Scheduler(CycleConfig(policy="rackscale", lend_checkpointable=False)).lend
+    assert not Scheduler(CycleConfig(policy="block")).lend
     assert Scheduler(CycleConfig(policy="block", lend_checkpointable=True)).lend
     # a job that can't checkpoint is never lent reserved nodes
     state = fleet(RESV_ROWS, RESV_RUNS)

@@ -119,6 +119,8 @@ class Policy:
     # keep a reservation's domains from cycle to cycle unless another layout forecasts a much earlier
     # start (see cycle.py); Slurm's backfill re-plans every reservation from scratch each cycle
     sticky_reservations = False
+    # checkpointable jobs may borrow a reservation's held nodes (CycleConfig.lend_checkpointable None: this)
+    lends_reserved = False
     # keep jobs a migration planner can't move (no checkpoint, or spanning domains) together, so other
     # domains stay emptiable by moves; set by the scheduler (CycleConfig.pin_aware), used by rackscale only
     pin_aware = False

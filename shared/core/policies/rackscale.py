@@ -26,6 +26,12 @@ Reservations stick (`sticky_reservations`, applied by the cycle): a job reserved
 domains unless another layout is forecast to start much sooner, so the domains it waits for keep draining
 instead of the reservation wandering after every new estimate (a two-segment job then waits for two
 domains to drain once, not again and again; measured on Philly, docs/evaluation.md).
+
+Reserved nodes are lent (`lends_reserved`, applied by the cycle): a checkpointable job of 4 nodes or more
+(`CycleConfig.lend_min_nodes`) may start in a reservation's held nodes whatever its expected end; it stays on
+loan until it ends, and a reserved job that would fit without it takes the nodes back (checkpointed, the work
+kept). Held nodes do work while the domains drain: on the Kalos mix the LLM gangs run in them (measured on
+both traces, docs/evaluation.md, finding 6).
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class RackscalePolicy(Policy):
     name = "rackscale"
     prefer_healthy_gpus = True
     sticky_reservations = True
+    lends_reserved = True
 
     # -- scoring ---------------------------------------------------------------------------------------
     def _tables(self, pk: Picker, level: int, ctx: Context) -> tuple[int, tuple[int, ...]] | None:
