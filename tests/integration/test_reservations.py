@@ -92,3 +92,54 @@ async def test_the_cycle_places_for_the_planner_only_while_it_defragments(
         assert MigrationService(d).policy.pin_aware is (defrag == "on")
     finally:
         await d.close()
+
+
+async def test_the_queue_lends_a_reservations_held_nodes_and_takes_them_back(
+    nats_url: str, redis_url: str, namespace: str
+) -> None:
+    """As `rackscale sim` does by default: a checkpointable gang of 4+ nodes borrows a reservation's held nodes
+    although it would outlast the start; the reserved job preempts it (checkpointed) once it fits without it."""
+    clock = [NOW]
+    nodes = {f"n{i}": "d0" for i in range(6)}
+    async with service_deps(nats_url, redis_url, namespace, nodes, clock=lambda: clock[0]) as deps:
+        await _running(deps, "long", "n0", 3600.0)
+        await _running(deps, "short", "n1", 60.0)
+        big = JobBody(name="big", tenant="t", gpus=20, gpus_per_node=4, topology=TopologyBody(nvlink="required"))
+        loan = JobBody(name="loan", tenant="t", gpus=16, gpus_per_node=4, duration_s=36000.0, checkpointable=True)
+        await deps.store.put_job(JobRecord(id="big", spec=big, submitted_at=NOW), new=True)
+        await deps.store.put_job(JobRecord(id="loan", spec=loan, submitted_at=NOW + 1), new=True)
+        queue = QueueService(deps)
+        assert queue.scheduler.lend
+        assert await queue._lead()
+        await queue.run_cycle(full=True)
+        rec = await deps.store.get_job("big")
+        assert rec is not None and rec.state is JobState.PENDING and "reserved" in rec.reason, rec
+        lent = await deps.store.get_job("loan")  # on the held nodes n2-n5 (n1 frees at NOW + 60)
+        assert lent is not None and lent.inflight_since is not None, lent
+        assert sorted(ng.node for ng in lent.allocation) == ["n2", "n3", "n4", "n5"], lent.allocation
+        assert queue.scheduler.lent == {"loan": frozenset({"big"})}
+
+        # placement committed the loan and it runs; then `short` ends and big fits without the borrower
+        lent.state, lent.inflight_since, lent.started_at = JobState.RUNNING, None, NOW
+        await deps.store.put_job(lent)
+        commit = AllocationRecord(job_id="loan", attempt=lent.attempt, nodes=lent.allocation, committed_at=NOW)
+        assert (await deps.store.commit(commit)).ok
+        assert await deps.store.release("short")
+        await deps.store.update_job("short", lambda r: _ended(r, NOW + 60))
+        clock[0] = NOW + 61
+        await queue.run_cycle(full=True)
+        back = await deps.store.get_job("loan")
+        assert (
+            back is not None
+            and back.state is JobState.PENDING
+            and back.reason == "requeued after preemption for job big"
+        ), back
+        rec = await deps.store.get_job("big")
+        assert rec is not None and rec.inflight_since is not None, rec
+        assert sorted(ng.node for ng in rec.allocation) == ["n1", "n2", "n3", "n4", "n5"], rec.allocation
+        assert queue.scheduler.lent == {}
+
+
+def _ended(rec: JobRecord, at: float) -> JobRecord:
+    rec.state, rec.ended_at, rec.updated_at = JobState.SUCCEEDED, at, at
+    return rec
