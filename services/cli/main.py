@@ -24,7 +24,7 @@ Out = Callable[[str], None]
 JOB_STATES = ("pending", "placed", "running", "succeeded", "failed", "cancelled", "preempted")
 
 
-def _positive_int(raw: str) -> int:
+def positive_int(raw: str) -> int:
     try:
         value = int(raw)
     except ValueError:
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     up = sub.add_parser("up", help="run Rackscale locally (servers, services, a simulated fleet) until Ctrl-C")
-    up.add_argument("--domains", type=_positive_int, default=4, help="NVL72 domains to simulate (default 4 = 288 GPUs)")
+    up.add_argument("--domains", type=positive_int, default=4, help="NVL72 domains to simulate (default 4 = 288 GPUs)")
     up.add_argument("--policy", choices=sorted(POLICIES), default=None, help="placement policy (default rackscale)")
     up.add_argument("--host", default=None, help="gateway bind address (default 127.0.0.1)")
     up.add_argument("--port", type=_port, default=None, help="gateway port (default 8080; 0 picks a free one)")
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-dir", type=Path, default=None, help="write each rank's output under this directory")
 
     demo = sub.add_parser("demo", help="the scheduling core alone, live in the terminal (no services)")
-    demo.add_argument("--domains", type=_positive_int, default=4, help="NVL72 domains to simulate (default 4)")
+    demo.add_argument("--domains", type=positive_int, default=4, help="NVL72 domains to simulate (default 4)")
     demo.add_argument("--policy", choices=sorted(POLICIES), default="rackscale")
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument("--interval", type=float, default=1.0, help="wall seconds between scheduling ticks")
@@ -86,12 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--json", action="store_true", help="print the API's JSON answer")
 
     s = sub.add_parser("submit", parents=[api], help="submit a job", usage="%(prog)s --gpus N [options] [-- CMD ...]")
-    s.add_argument("--gpus", type=_positive_int, required=True, help="GPUs in all")
+    s.add_argument("--gpus", type=positive_int, required=True, help="GPUs in all")
     s.add_argument("--name", default=None, help="job name (default: the command's name, or 'job')")
     s.add_argument("--tenant", default=None, help="tenant (default $RACKSCALE_TENANT or your user name)")
-    s.add_argument("--gpus-per-node", type=_positive_int, default=None, help="GPUs on each node (default: whole nodes)")
+    s.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs on each node (default: whole nodes)")
     s.add_argument("--nvlink", choices=("required", "preferred", "none"), default=None, help="(default required)")
-    s.add_argument("--segment", type=_positive_int, default=None, help="nodes per NVLink segment")
+    s.add_argument("--segment", type=positive_int, default=None, help="nodes per NVLink segment")
     s.add_argument("--level", default=None, help="topology level the job must fit in (default domain)")
     s.add_argument("--priority", type=int, default=None, help="-1000..1000 (default 0)")
     s.add_argument("--checkpointable", action="store_true", help="may be preempted with a checkpoint")
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     js = sub.add_parser("jobs", parents=[api], help="list jobs")
     js.add_argument("--tenant", default=None)
     js.add_argument("--state", choices=JOB_STATES, default=None)
-    js.add_argument("--limit", type=_positive_int, default=50, help="at most this many (max 500, default 50)")
+    js.add_argument("--limit", type=positive_int, default=50, help="at most this many (max 500, default 50)")
     js.add_argument("--offset", type=int, default=0)
 
     j = sub.add_parser("job", parents=[api], help="one job: state, pending reason, allocation")
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     ms = sub.add_parser("migrations", parents=[api], help="moves of running jobs: job, from, to, why, state, timings")
     ms.add_argument("--tenant", default=None)
     ms.add_argument("--job", default=None, help="only this job's moves")
-    ms.add_argument("--limit", type=_positive_int, default=50, help="at most this many (max 500, default 50)")
+    ms.add_argument("--limit", type=positive_int, default=50, help="at most this many (max 500, default 50)")
     ms.add_argument("--offset", type=int, default=0)
     return parser
 

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from services.cli.main import positive_int
 from shared.core import LEND_MIN_NODES, POLICIES
 
 DEFAULT_POLICIES = "flat,tree,block,rackscale"
@@ -28,16 +29,6 @@ def _ints(text: str) -> tuple[int, ...]:
     if not vals:
         raise argparse.ArgumentTypeError("expected at least one number")
     return vals
-
-
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
 
 
 def _window(text: str) -> tuple[float, float]:
@@ -140,7 +131,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--lend-min-nodes",
-        type=_positive_int,
+        type=positive_int,
         default=LEND_MIN_NODES,
         help=f"jobs of fewer nodes never borrow reserved nodes (default {LEND_MIN_NODES}; 1: any size)",
     )

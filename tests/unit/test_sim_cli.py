@@ -71,3 +71,16 @@ def test_add_parser_wires_a_subcommand() -> None:
     args = parser.parse_args(["sim", "--trace", "t.csv", "--out", "o", "--seeds", "1,2", "--policy", "block"])
     assert args.command == "sim" and args.seeds == (1, 2) and args.policy == "block"
     assert sim_cmd.run is not None
+
+
+def test_lending_flags_reach_the_core() -> None:
+    parser = argparse.ArgumentParser(prog="rackscale")
+    sim_cmd.add_arguments(parser)
+    base = ["--trace", "t.csv", "--out", "o", "--policy", "rackscale"]
+    exp = sim_cmd.build_experiment(parser.parse_args(base))
+    cfg = exp.sim.cycle_config()
+    assert cfg.lend_checkpointable is None and cfg.lend_min_nodes == 4  # rackscale's choice: lends from 4 nodes
+    exp = sim_cmd.build_experiment(parser.parse_args([*base, "--lend-reserved", "off", "--lend-min-nodes", "2"]))
+    assert exp.sim.cycle_config().lend_checkpointable is False and exp.sim.cycle_config().lend_min_nodes == 2
+    with pytest.raises(SystemExit):
+        parser.parse_args([*base, "--lend-min-nodes", "0"])
