@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Self
 from urllib.parse import urlsplit
 
+from shared.core.cycle import LEND_MIN_NODES
 from shared.core.policies import POLICIES
 from shared.names import Names
 
@@ -136,6 +137,19 @@ class Settings:
         "RACKSCALE_PREFIX", _cell, "rackscale", "prefix of every subject, stream and Redis key", kind="name"
     )
     policy: str = _env("RACKSCALE_POLICY", _choice(*POLICIES), "rackscale", "placement policy (shared.core.policies)")
+    lend_reserved: str = _env(
+        "RACKSCALE_LEND_RESERVED",
+        _choice("auto", "on", "off"),
+        "auto",
+        "queue: checkpointable jobs may borrow reservations' held nodes (auto: the policy's choice; off: Slurm's rule)",
+    )
+    lend_min_nodes: int = _env(
+        "RACKSCALE_LEND_MIN_NODES",
+        _count,
+        LEND_MIN_NODES,
+        "queue: jobs of fewer nodes never borrow reserved nodes",
+        kind="integer >= 1",
+    )
     heartbeat_s: float = _env("RACKSCALE_HEARTBEAT_S", _number, 1.0, "agent heartbeat period (s)", kind="number > 0")
     missed_heartbeats: int = _env(
         "RACKSCALE_MISSED_HEARTBEATS", _count, 3, "heartbeats missed before a node is marked lost", kind="integer >= 1"
@@ -276,6 +290,11 @@ class Settings:
         """While the migration service defragments, placement keeps the jobs its planner can't move together
         (`CycleConfig.pin_aware`, as `rackscale sim --migration on`): the queue's cycle and the planner alike."""
         return self.defrag == "on"
+
+    @property
+    def lend_checkpointable(self) -> bool | None:
+        """`CycleConfig.lend_checkpointable` for the queue's cycle: None lets the policy choose (rackscale lends)."""
+        return None if self.lend_reserved == "auto" else self.lend_reserved == "on"
 
     @classmethod
     def describe(cls) -> list[Setting]:

@@ -106,7 +106,13 @@ class QueueService(Service):
         super().__init__(deps)
         tenants = tenants_from_settings(deps.settings)  # quotas and weights (RACKSCALE_TENANTS_FILE)
         pin_aware = deps.settings.pin_aware  # the cycle places for the migration planner while it defragments
-        default = CycleConfig(policy=deps.settings.policy, tenants=tenants, pin_aware=pin_aware)
+        default = CycleConfig(
+            policy=deps.settings.policy,
+            tenants=tenants,
+            pin_aware=pin_aware,
+            lend_checkpointable=deps.settings.lend_checkpointable,  # RACKSCALE_LEND_RESERVED
+            lend_min_nodes=deps.settings.lend_min_nodes,
+        )
         self.scheduler = Scheduler(config or default)
         self._shared_reservations: dict[str, list[str]] | None = None  # as last written for the planner
         self.kick = asyncio.Event()

@@ -143,3 +143,17 @@ async def test_the_queue_lends_a_reservations_held_nodes_and_takes_them_back(
 def _ended(rec: JobRecord, at: float) -> JobRecord:
     rec.state, rec.ended_at, rec.updated_at = JobState.SUCCEEDED, at, at
     return rec
+
+
+@pytest.mark.parametrize(("lend", "min_nodes", "lends"), [("auto", 4, True), ("off", 4, False), ("on", 8, True)])
+async def test_the_queue_lends_as_its_settings_say(
+    nats_url: str, redis_url: str, namespace: str, lend: str, min_nodes: int, lends: bool
+) -> None:
+    settings = Settings(prefix=namespace, lend_reserved=lend, lend_min_nodes=min_nodes)
+    d = await Deps.connect(settings, "queue", nats_url, redis_url, Names(prefix=namespace), clock=lambda: NOW)
+    try:
+        scheduler = QueueService(d).scheduler
+        assert scheduler.lend is lends  # auto: rackscale's choice, which lends
+        assert scheduler.config.lend_min_nodes == min_nodes
+    finally:
+        await d.close()
