@@ -1,6 +1,6 @@
 """The simulator on tiny hand-made traces gives exactly the hand-computed schedule for each policy.
 
-Fleet for every case but `preempt`: 2 domains x 4 nodes x 4 GPUs, exact runtime estimates, no random
+Fleet for every case but `preempt` and `lend`: 2 domains x 4 nodes x 4 GPUs, exact runtime estimates, no random
 failures, a cycle at every event time, every pending job tested:
 
     d00: n0 n1 n2 n3      d01: n4 n5 n6 n7
@@ -105,6 +105,44 @@ def test_preemption_checkpoint_and_restore(policy: str) -> None:
     m = compute(res)
     assert m["preemptions"] == 1 and m["unfinished"] == 0
     assert m["lost_gpu_h"] == 0.0 and m["overhead_gpu_h"] == pytest.approx(16 * 38 / 3600)
+
+
+# lend.csv, one domain of 8 nodes: a (2 nodes, 100 s) at 0; big (8 nodes, 50 s) at 1 waits for a, reserved at
+# 100 on all 8, holding the 6 free ones; loan (4 nodes, 500 s, checkpointable) at 2 and tiny (3 nodes, 500 s,
+# checkpointable) at 3 would both outlast big's start.
+# block (Slurm's rule): neither backfills; big runs 100-150, loan and tiny 150-650.
+# rackscale (lends to checkpointable jobs of 4+ nodes): loan borrows n2-n5 at 2; tiny, under the floor, waits.
+# At 100 a ends and big fits without loan: loan is preempted (checkpointed: 98 s of its work kept), big runs
+# 100-150, loan restarts at 150 paying restore 30 + 0.5 x 16 = 38 s and ends at 150 + 38 + 402 = 590.
+LEND = {
+    "block": {
+        "a": [(0, 100, (0, 1), "done")],
+        "big": [(100, 150, tuple(range(8)), "done")],
+        "loan": [(150, 650, (0, 1, 2, 3), "done")],
+        "tiny": [(150, 650, (4, 5, 6), "done")],
+    },
+    "rackscale": {
+        "a": [(0, 100, (0, 1), "done")],
+        "big": [(100, 150, tuple(range(8)), "done")],
+        "loan": [(2, 100, (2, 3, 4, 5), "preempted"), (150, 590, (0, 1, 2, 3), "done")],
+        "tiny": [(150, 650, (4, 5, 6), "done")],
+    },
+}
+
+
+@pytest.mark.parametrize("policy", sorted(LEND))
+def test_lending_reserved_nodes_schedule(policy: str) -> None:
+    res = run("lend.csv", policy, fleet=FleetConfig(domains=1, nodes_per_domain=8))
+    assert schedule(res) == LEND[policy]
+    m = compute(res)
+    assert m["preemptions"] == (1 if policy == "rackscale" else 0) and m["unfinished"] == 0
+    assert m["lost_gpu_h"] == 0.0  # the borrower kept its work
+    # rackscale with Slurm's rule keeps block's times
+    if policy == "rackscale":
+        off = run("lend.csv", policy, fleet=FleetConfig(domains=1, nodes_per_domain=8), lend_reserved=False)
+        assert {j: [(s, e) for s, e, _, _ in atts] for j, atts in schedule(off).items()} == {
+            j: [(s, e) for s, e, _, _ in atts] for j, atts in LEND["block"].items()
+        }
 
 
 def test_scripted_failure_kills_and_requeues() -> None:
