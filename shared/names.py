@@ -194,7 +194,8 @@ class Names:
 
     @property
     def reservations_key(self) -> str:
-        # string: Reservations (msgpack), the NVLink domains the leader's sticky reservations hold (queue → migration)
+        # string: Reservations (msgpack): the leader's scheduler memory, its reservations' NVLink domains for the
+        # migration planner, and reserved jobs and borrowers for the next leader
         return self._key("queue:reservations")
 
     def migration_key(self, migration_id: str) -> str:

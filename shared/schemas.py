@@ -413,12 +413,16 @@ class JobEvent(msgspec.Struct, tag="job.event", kw_only=True, frozen=True):
 
 
 class Reservations(msgspec.Struct, kw_only=True):
-    """queue → migration, in Redis (`names.reservations_key`): the NVLink domains, by name, that each waiting
-    job's reservation holds (`Scheduler.promised`). The defragmentation planner empties a job's own reserved
-    domains first and keeps moved jobs out of all of them, as in `rackscale sim --migration on`."""
+    """The queue leader's scheduler memory, in Redis (`names.reservations_key`). For the migration planner: the
+    NVLink domains, by name, that each waiting job's reservation holds (`Scheduler.promised`); it empties a
+    job's own reserved domains first and keeps moved jobs out of all of them, as `rackscale sim --migration on`.
+    For the next leader: those domains, the jobs the last cycle reserved and the borrowers of reserved nodes,
+    so a failover keeps the reservations where they drain and can still take loans back."""
 
     at: float  # when the leader's cycle wrote it
     domains: dict[str, list[str]] = {}  # job id -> domain names
+    reserved: list[str] = []  # the jobs the last cycle reserved (`Scheduler.reserved`)
+    lent: dict[str, list[str]] = {}  # borrower job id -> the reserved jobs it borrowed from (`Scheduler.lent`)
 
 
 class MigrationRecord(msgspec.Struct, kw_only=True):

@@ -114,7 +114,10 @@ class QueueService(Service):
             lend_min_nodes=deps.settings.lend_min_nodes,
         )
         self.scheduler = Scheduler(config or default)
-        self._shared_reservations: dict[str, list[str]] | None = None  # as last written for the planner
+        self._shared_reservations: Reservations | None = None  # as last written (its `at` aside)
+        # the scheduler's memory was taken over from the last leader's (`_take_over`): False until this replica
+        # leads, and again whenever it loses the lease (another leader's cycles move on without it)
+        self._taken_over = False
         self.kick = asyncio.Event()
         # a kick from the bus (another replica wrote a job this one may not know): the next kicked cycle asks
         # the store for the undecided ids; its own kicks decide on what this replica wrote (no round trip)
@@ -496,6 +499,8 @@ class QueueService(Service):
         mono = time.monotonic()
         held = await self.store.hold_lease(self.names.queue_leader_key, self.instance, LEASE_S)
         self._lease_trusted_until = mono + LEASE_S / 3 if held else 0.0
+        if not held:
+            self._taken_over = False
         return held
 
     def _surely_leading(self) -> bool:
@@ -564,6 +569,8 @@ class QueueService(Service):
             pending.append(job_spec(rec))
         if not pending:
             return
+        if not self._taken_over:
+            await self._take_over(topo)
         result = self.scheduler.cycle(state, pending, now)
         blocked: set[str] = set()  # jobs whose victims could not be moved out: their GPUs aren't free
         for d in result.decisions:
@@ -581,14 +588,36 @@ class QueueService(Service):
         await self._share_reservations(topo, now)
 
     async def _share_reservations(self, topo: Any, now: float) -> None:
-        """Tell the migration planner which domains the reservations hold, when that changed (most cycles
-        reserve the same domains again, or none)."""
+        """Write the scheduler's memory for the migration planner and the next leader, when it changed (most
+        cycles reserve the same domains again, or none)."""
         names = topo.group_names[topo.domain]
-        domains = {job: sorted(names[d] for d in doms) for job, doms in self.scheduler.promised.items()}
-        if domains == self._shared_reservations:
+        sched = self.scheduler
+        memory = Reservations(
+            at=now,
+            domains={job: sorted(names[d] for d in doms) for job, doms in sched.promised.items()},
+            reserved=sorted(sched.reserved),
+            lent={b: sorted(lenders) for b, lenders in sched.lent.items()},
+        )
+        last = self._shared_reservations
+        if last is not None and msgspec.structs.replace(last, at=now) == memory:
             return
-        await self.store.put_reservations(Reservations(at=now, domains=domains))
-        self._shared_reservations = domains
+        await self.store.put_reservations(memory)
+        self._shared_reservations = memory
+
+    async def _take_over(self, topo: Any) -> None:
+        """A replica that has just become leader starts from the last leader's memory (sticky reservations'
+        domains, reserved jobs, borrowers), so a failover neither moves the reservations nor strands loans.
+        Domains unknown to this topology are dropped; ended jobs fall out in the next cycle."""
+        self._taken_over = True
+        memory = await self.store.reservations()
+        if memory is None:
+            return
+        index = {name: i for i, name in enumerate(topo.group_names[topo.domain])}
+        sched = self.scheduler
+        sched.promised = {job: frozenset(index[d] for d in doms if d in index) for job, doms in memory.domains.items()}
+        sched.reserved = frozenset(memory.reserved)
+        sched.lent = {b: frozenset(lenders) for b, lenders in memory.lent.items()}
+        self._shared_reservations = memory
 
     def _place_order(self, rec: JobRecord, now: float) -> PlaceOrder:
         """The order for the record's in-flight attempt; a job with a checkpoint restores from it and runs

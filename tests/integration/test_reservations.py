@@ -94,11 +94,13 @@ async def test_the_cycle_places_for_the_planner_only_while_it_defragments(
         await d.close()
 
 
+@pytest.mark.parametrize("failover", [False, True])
 async def test_the_queue_lends_a_reservations_held_nodes_and_takes_them_back(
-    nats_url: str, redis_url: str, namespace: str
+    nats_url: str, redis_url: str, namespace: str, failover: bool
 ) -> None:
     """As `rackscale sim` does by default: a checkpointable gang of 4+ nodes borrows a reservation's held nodes
-    although it would outlast the start; the reserved job preempts it (checkpointed) once it fits without it."""
+    although it would outlast the start; the reserved job preempts it (checkpointed) once it fits without it.
+    `failover`: another replica leads the second cycle and takes the loan back from the memory the first left."""
     clock = [NOW]
     nodes = {f"n{i}": "d0" for i in range(6)}
     async with service_deps(nats_url, redis_url, namespace, nodes, clock=lambda: clock[0]) as deps:
@@ -127,6 +129,10 @@ async def test_the_queue_lends_a_reservations_held_nodes_and_takes_them_back(
         assert await deps.store.release("short")
         await deps.store.update_job("short", lambda r: _ended(r, NOW + 60))
         clock[0] = NOW + 61
+        if failover:
+            await deps.store.r.delete(deps.names.queue_leader_key)  # the first leader is gone
+            queue = QueueService(deps)
+            assert await queue._lead()
         await queue.run_cycle(full=True)
         back = await deps.store.get_job("loan")
         assert (
