@@ -209,6 +209,11 @@ class PendingQueue:
         return (-spec.priority, spec.submit_time, spec.id)
 
     def add(self, spec: JobSpec) -> None:
+        if spec.id in self.specs:
+            # a second key would outlive the job's removal and break `heads` much later, far from the cause
+            raise ValueError(
+                f"job {spec.id} is already waiting (requeued while pending: a decision on a job not running)"
+            )
         self.specs[spec.id] = spec
         bisect.insort(self.by_tenant.setdefault(spec.tenant, []), self._key(spec))
 

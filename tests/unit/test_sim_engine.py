@@ -183,3 +183,15 @@ def test_same_seed_same_result_and_queue_depth() -> None:
     b = run("backfill.csv", "rackscale", queue_depth=1)
     assert schedule(a) == schedule(b)
     assert compute(a) == compute(b)
+
+
+def test_the_pending_queue_refuses_a_job_already_waiting() -> None:
+    from shared.core import JobSpec
+    from shared.sim.engine import PendingQueue
+
+    q = PendingQueue()
+    spec = JobSpec("j", 4, tenant="t", submit_time=1.0)
+    q.add(spec)
+    with pytest.raises(ValueError, match="job j is already waiting"):
+        q.add(spec)
+    assert q.remove("j") == spec and len(q) == 0 and q.heads(10) == []
