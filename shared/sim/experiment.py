@@ -206,6 +206,9 @@ def summarise(exp: Experiment, work: Workload, outs: Sequence[RunOut]) -> dict[s
             "reservations": sim.reservations,
             "backfill": sim.backfill,
             "preemption": sim.preemption,
+            # lending reserved nodes: auto is each policy's own choice (rackscale lends), with migration on for all
+            "lend_reserved": {None: "auto", True: "on", False: "off"}[sim.lend_reserved],
+            "lend_min_nodes": sim.lend_min_nodes,
             "cycle_interval_s": sim.cycle_interval_s,
             "queue_depth": sim.queue_depth,
             "ckpt_interval_s": sim.ckpt_interval_s,

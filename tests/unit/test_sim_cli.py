@@ -43,6 +43,7 @@ def test_seeds_give_means_and_spreads(tmp_path: Path, capsys: pytest.CaptureFixt
         assert report["spread"][pol]["occupancy"]["n"] == 3
         assert set(report["per_seed"][pol]) == {"1", "2", "3"}
     assert report["parameters"]["load"] == 0.5 and report["parameters"]["seeds"] == [1, 2, 3]
+    assert report["parameters"]["lend_reserved"] == "auto" and report["parameters"]["lend_min_nodes"] == 4
     md = (tmp_path / "a" / "report.md").read_text()
     assert "| metric | flat | tree | block | rackscale |" in md and "±" in md
     for png in ("occupancy.png", "wait_cdf.png", "free_runs.png"):
