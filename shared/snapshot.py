@@ -17,7 +17,7 @@ from shared.core import ClusterState, JobSpec
 from shared.core.state import Allocation as CoreAllocation
 from shared.core.state import indices_mask
 from shared.jobs import job_spec as spec_of
-from shared.schemas import AllocationRecord, JobRecord, JobState, NodeGpus
+from shared.schemas import AllocationRecord, JobRecord, JobState, NodeGpus, Reservations
 from shared.store import Store
 
 log = logging.getLogger("rackscale.snapshot")
@@ -69,6 +69,14 @@ def occupy(
             expected_end=max(start + runtime, now),
         )
     )
+
+
+def reserved_domains(memory: Reservations, topo: Any) -> dict[str, frozenset[int]]:
+    """The queue leader's reservations (`Reservations.domains`, by name) as NVLink domain indices of `topo`:
+    `Scheduler.promised` for a new leader, `plan_defrag(promised=)` for the migration planner. Domains this
+    topology doesn't know are dropped."""
+    index = {name: i for i, name in enumerate(topo.group_names[topo.domain])}
+    return {job: frozenset(index[d] for d in doms if d in index) for job, doms in memory.domains.items()}
 
 
 def movable_allocation(rec: JobRecord | None, alloc: AllocationRecord) -> bool:

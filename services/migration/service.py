@@ -71,7 +71,7 @@ from shared.schemas import (
     Telemetry,
     encode,
 )
-from shared.snapshot import TopologyView, job_spec, occupy, occupy_held
+from shared.snapshot import TopologyView, job_spec, occupy, occupy_held, reserved_domains
 
 log = logging.getLogger("rackscale.migration")
 
@@ -440,12 +440,7 @@ class MigrationService(Service):
         shared = await self.store.reservations()
         if shared is None:
             return {}
-        index = {name: i for i, name in enumerate(topo.group_names[topo.domain])}
-        return {
-            job: frozenset(index[d] for d in domains if d in index)
-            for job, domains in shared.domains.items()
-            if job in pending
-        }
+        return {job: doms for job, doms in reserved_domains(shared, topo).items() if job in pending}
 
     def heat_due(self, topo: Any, now: float) -> dict[int, float] | None:
         """The domains' thermal offsets when a rebalancing plan is due: their spread has stayed past

@@ -59,7 +59,7 @@ from shared.schemas import (
     ReleaseOrder,
     Reservations,
 )
-from shared.snapshot import UNPREEMPTIBLE, TopologyView, job_spec, occupy, occupy_held
+from shared.snapshot import UNPREEMPTIBLE, TopologyView, job_spec, occupy, occupy_held, reserved_domains
 from shared.tenants import tenants_from_settings
 
 log = logging.getLogger("rackscale.queue")
@@ -612,9 +612,8 @@ class QueueService(Service):
         memory = await self.store.reservations()
         if memory is None:
             return
-        index = {name: i for i, name in enumerate(topo.group_names[topo.domain])}
         sched = self.scheduler
-        sched.promised = {job: frozenset(index[d] for d in doms if d in index) for job, doms in memory.domains.items()}
+        sched.promised = reserved_domains(memory, topo)
         sched.reserved = frozenset(memory.reserved)
         sched.lent = {b: frozenset(lenders) for b, lenders in memory.lent.items()}
         self._shared_reservations = memory
