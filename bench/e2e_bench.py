@@ -3,7 +3,7 @@
 
     python bench/e2e_bench.py [--domains 64] [--latency-jobs 300] [--throughput-s 10] [--clients 8]
                               [--same-process] [--profile FILE.prof] [--agents-process]
-                              [--process inventory,migration,placement] [--services-process]
+                              [--process inventory,migration,placement] [--services-process] [--busy N]
 
 The stack runs in this process with embedded NATS and Valkey: 64 NVL72 domains = 1,152 simulated agents
 (in-process, one fleet), heartbeat 1 s. `--agents-process` runs the agents in a child process instead (as
@@ -24,6 +24,9 @@ stack's event loop (`--same-process` puts it in) — then measures:
 (c) where the CPU goes: every process's CPU time (the stack's, nats-server's, Valkey's, the fleet's and the
     service processes') is sampled through both phases; `cpu_latency_phase` gives each one's idle rate (5 s
     before the load), its rate during (a) and the CPU per job beyond idle (`cpu_ms_per_job`, Linux only).
+
+`--busy N` first starts N 1-GPU jobs that run for a day, so (a) and (b) decide next to N held allocations
+(the CPU of their agents' running ranks then counts in (c)'s phase, not in its idle window).
 
 One JSON document on stdout. Targets on the 2-core dev machine: p50 < 10 ms, p99 < 50 ms, >= 300
 submissions/s, nothing lost. `--profile` runs cProfile over the stack's process during (a) and (b), writes
@@ -90,6 +93,7 @@ class BenchConfig:
     services_process: bool = False
     # services run as child processes besides those (--process inventory,migration); the gateway stays here
     processes: tuple[str, ...] = ()
+    busy: int = 0  # long 1-GPU jobs started before the latency phase, so it runs on a busy cluster
 
 
 def small_job(rng: random.Random, tenant: str, i: int) -> dict[str, Any]:
@@ -162,6 +166,40 @@ class Events:
 async def post_job(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     async with http.post(f"{url}/v1/jobs", json=body) as r:
         return r.status, await r.json()
+
+
+async def busy_phase(http: aiohttp.ClientSession, url: str, events: Events, cfg: BenchConfig) -> dict[str, Any]:
+    """Start `cfg.busy` 1-GPU jobs that run for a day (tenant "busy") and wait until they all run: the latency
+    phase then decides next to that many held allocations, as on a busy cluster."""
+    ids: list[str] = []
+    refused: Counter[str] = Counter()
+    todo = iter(range(cfg.busy))
+    start = time.perf_counter()
+
+    async def client() -> None:
+        for i in todo:
+            body = {"name": f"busy-{i}", "tenant": "busy", "gpus": 1, "duration_s": 86_400.0}
+            status, doc = await post_job(http, url, body)
+            if status == 202:
+                ids.append(doc["id"])
+            else:
+                refused[f"HTTP {status}: {doc.get('error')}"] += 1
+
+    await asyncio.gather(*(client() for _ in range(cfg.clients)))
+    submitted_s = time.perf_counter() - start
+    running = 0
+    while time.perf_counter() - start < 300:
+        running = sum(1 for j in ids if "running" in events.first.get(j, {}))
+        if running == len(ids):
+            break
+        await asyncio.sleep(0.2)
+    return {
+        "jobs": len(ids),
+        "running": running,
+        "refused": dict(refused),
+        "submitted_s": round(submitted_s, 2),
+        "all_running_s": round(time.perf_counter() - start, 2),
+    }
 
 
 async def latency_phase(
@@ -300,11 +338,12 @@ async def drive(url: str, nats_url: str, prefix: str, cfg: BenchConfig) -> dict[
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
         try:
+            busy = await busy_phase(http, url, events, cfg) if cfg.busy else None
             latency = await latency_phase(http, url, events, cfg, rng)
             throughput = await throughput_phase(http, url, events, cfg, rng)
         finally:
             await nc.close()
-    return {"latency": latency, "throughput": throughput, "job_events_heard": events.count}
+    return {"busy": busy, "latency": latency, "throughput": throughput, "job_events_heard": events.count}
 
 
 def _child(url: str, nats_url: str, prefix: str, cfg: BenchConfig, conn: Connection) -> None:
@@ -590,6 +629,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAMES",
         help="services to run as child processes, comma-separated (inventory, queue, placement, migration)",
     )
+    p.add_argument(
+        "--busy", type=int, default=0, metavar="N", help="start N day-long 1-GPU jobs before the latency phase"
+    )
     a = p.parse_args(argv)
     processes = tuple(x.strip() for x in a.process.split(",") if x.strip())
     unknown = set(processes) - {"inventory", "queue", "placement", "migration"}
@@ -609,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         agents_process=a.agents_process,
         services_process=a.services_process,
         processes=processes,
+        busy=a.busy,
     )
     import logging
 

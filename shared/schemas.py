@@ -75,6 +75,7 @@ class JobState(StrEnum):
 
 
 TERMINAL = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED})
+HOLDING = frozenset({JobState.PLACED, JobState.RUNNING, JobState.MIGRATING})  # states whose allocation is the job's own
 
 
 class NodeGpus(msgspec.Struct, frozen=True, array_like=True):

@@ -308,11 +308,14 @@ class Store:
     def _seen(self, job_id: str, data: bytes | None, state: JobState | None) -> None:
         self._jobs_writes += 1
         self._jobs_written_at[job_id] = self._jobs_writes
-        self._jobs_decoded.pop(job_id, None)
         if data is None or state in TERMINAL:
             self._jobs_seen.pop(job_id, None)
-        else:
+            self._jobs_decoded.pop(job_id, None)
+        elif self._jobs_seen.get(job_id) != data:
             self._jobs_seen[job_id] = data
+            self._jobs_decoded.pop(job_id, None)
+        # else the same bytes: the decoded record stays the same object (the queue's HeldState compares
+        # records by identity)
 
     def remembered_job(self, job_id: str) -> JobRecord | None:
         """The record this store last read or wrote for an active job, without a round trip: may be stale."""

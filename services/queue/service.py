@@ -36,6 +36,7 @@ from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserv
 from shared.runtime import Deps, Service
 from shared.schemas import (
     EVENTS,
+    HOLDING,
     JOB_INTAKE,
     TERMINAL,
     AllocationRecord,
@@ -59,7 +60,7 @@ from shared.schemas import (
     ReleaseOrder,
     Reservations,
 )
-from shared.snapshot import UNPREEMPTIBLE, TopologyView, job_spec, occupy, occupy_held, reserved_domains
+from shared.snapshot import UNPREEMPTIBLE, HeldState, TopologyView, job_spec, occupy, reserved_domains
 from shared.tenants import tenants_from_settings
 
 log = logging.getLogger("rackscale.queue")
@@ -68,7 +69,6 @@ INFLIGHT_TIMEOUT_S = 15.0  # an order with no answer this long is decided again 
 LEASE_S = 5.0
 TOPOLOGY_MAX_AGE_S = 1.0  # a kicked cycle's topology may lag inventory this long (NodeChanged events cut it)
 ANNOUNCED_KEPT = 10_000  # placed events remembered as published (so the running event needn't repeat them)
-HOLDING = (JobState.PLACED, JobState.RUNNING, JobState.MIGRATING)  # states whose allocation is the job's own
 __all__ = ["UNPREEMPTIBLE", "QueueService", "job_spec", "occupy"]
 
 
@@ -129,6 +129,7 @@ class QueueService(Service):
         self.cycles = 0
         self._topo = TopologyView(deps.store)
         self.held = HeldView()  # allocations as placement's events tell them (full reads on the timer)
+        self._held_state = HeldState()  # the cycle's state of held GPUs, kept between cycles
         self._lease_trusted_until = 0.0  # monotonic time until which the leader lease is surely ours
         # attempts whose placed event this process has published (acked): their running event needn't repeat it
         self._announced: OrderedDict[tuple[str, int], None] = OrderedDict()
@@ -551,8 +552,8 @@ class QueueService(Service):
         if known is None:
             return  # no GPU node has registered yet: jobs keep waiting with their intake reason
         topo = known[0]
-        state = self._topo.empty_state()
-        held = occupy_held(state, self.held.allocations(), jobs, now, ended=self._ended)
+        # the held GPUs as of this cycle: only what changed since the last one is applied (`HeldState`)
+        state, held = self._held_state.sync(self._topo.base_state(), self.held.allocations(), jobs, now, self._ended)
         pending: list[JobSpec] = []
         for rec in jobs.values():
             if rec.state is not JobState.PENDING:

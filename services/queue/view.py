@@ -26,7 +26,9 @@ class HeldView:
 
     def replace(self, allocs: Iterable[AllocationRecord], since: int) -> None:
         """The full read, except for jobs whose events came while it was on its way: their events are newer."""
-        fresh = {a.job_id: a for a in allocs}
+        # a record equal to the one held is kept as it is: the cycle's HeldState compares them by identity
+        old = self._allocs
+        fresh = {a.job_id: a if (o := old.get(a.job_id)) is None or o != a else o for a in allocs}
         for job, tick in self._changed_at.items():
             if tick > since:
                 if job in self._allocs:

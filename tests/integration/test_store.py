@@ -176,6 +176,13 @@ async def test_a_full_read_makes_the_remembered_jobs_exactly_the_active_ones(red
         await b.update_job("theirs", lambda r: msgspec.structs.replace(r, state=JobState.CANCELLED))
         await a.active_jobs(remember=True)
         assert set(a.remembered_jobs()) == {"mine"}  # ended elsewhere: forgotten by the next full read
+        # a read that finds a record unchanged keeps its object (the queue's HeldState compares by identity)
+        mine = a.remembered_jobs()["mine"]
+        await a.active_jobs(remember=True)
+        assert a.remembered_jobs()["mine"] is mine
+        await b.update_job("mine", lambda r: msgspec.structs.replace(r, reason="b again"))
+        await a.active_jobs(remember=True)
+        assert a.remembered_jobs()["mine"] is not mine and a.remembered_jobs()["mine"].reason == "b again"
     finally:
         await a.r.delete(*[k async for k in a.r.scan_iter(a.names.key_pattern)])
         await a.close()

@@ -36,3 +36,14 @@ def test_a_late_release_of_an_older_attempt_keeps_the_newer_one() -> None:
     assert [(a.job_id, a.attempt) for a in view.allocations()] == [("j", 2)]
     view.released(Released(job_id="j", reason="done", at=0.0, attempt=2))
     assert view.allocations() == []
+
+
+def test_a_full_read_keeps_the_objects_of_records_that_did_not_change() -> None:
+    """The queue's HeldState compares allocations by identity: an equal record read again must not look new."""
+    view = HeldView()
+    view.replace([_alloc("a"), _alloc("b")], view.mark())
+    a, b = view.allocations()
+    view.replace([_alloc("a"), _alloc("b", attempt=2)], view.mark())
+    again_a, new_b = view.allocations()
+    assert again_a is a
+    assert new_b is not b and new_b.attempt == 2
