@@ -131,6 +131,8 @@ class Store:
         # the decoded form for `remembered_jobs` (read-only to callers).
         self._jobs_seen: dict[str, bytes] = {}
         self._jobs_decoded: dict[str, JobRecord] = {}
+        self._jobs_undecoded: set[str] = set()  # seen, not yet in `_jobs_decoded` (decoded on the next ask)
+        self._jobs_pending: set[str] = set()  # seen as pending: a kicked cycle with none left has nothing to decide
         self._jobs_writes = 0  # counts what `_seen` took in: a read that overlapped a write mustn't undo it
         self._jobs_written_at: dict[str, int] = {}
 
@@ -311,11 +313,19 @@ class Store:
         if data is None or state in TERMINAL:
             self._jobs_seen.pop(job_id, None)
             self._jobs_decoded.pop(job_id, None)
-        elif self._jobs_seen.get(job_id) != data:
+            self._jobs_undecoded.discard(job_id)
+            self._jobs_pending.discard(job_id)
+            return
+        if self._jobs_seen.get(job_id) != data:
             self._jobs_seen[job_id] = data
             self._jobs_decoded.pop(job_id, None)
+            self._jobs_undecoded.add(job_id)
         # else the same bytes: the decoded record stays the same object (the queue's HeldState compares
         # records by identity)
+        if state is JobState.PENDING:
+            self._jobs_pending.add(job_id)
+        else:
+            self._jobs_pending.discard(job_id)
 
     def remembered_job(self, job_id: str) -> JobRecord | None:
         """The record this store last read or wrote for an active job, without a round trip: may be stale."""
@@ -327,10 +337,19 @@ class Store:
         after `active_jobs(remember=True)` as long as this store is the only writer; may be stale otherwise.
         The records are shared: read them, don't change them."""
         decoded = self._jobs_decoded
-        for job_id, raw in self._jobs_seen.items():
-            if job_id not in decoded:
-                decoded[job_id] = JOB_RECORD.decode(raw)
-        return {job_id: decoded[job_id] for job_id in self._jobs_seen}
+        if self._jobs_undecoded:
+            for job_id in self._jobs_undecoded:
+                decoded[job_id] = JOB_RECORD.decode(self._jobs_seen[job_id])
+            self._jobs_undecoded.clear()
+        return dict(decoded)
+
+    def remembered_ids(self) -> set[str]:
+        """The ids `remembered_jobs` holds, without decoding any record."""
+        return set(self._jobs_seen)
+
+    def remembers_pending(self) -> bool:
+        """Whether a remembered job is pending: when none is, a kicked cycle has nothing to decide."""
+        return bool(self._jobs_pending)
 
     async def get_job(self, job_id: str) -> JobRecord | None:
         raw = await self.r.get(self.names.job_key(job_id))

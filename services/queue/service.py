@@ -537,17 +537,18 @@ class QueueService(Service):
         if full or not self.held.complete:
             self._foreign = False  # the full read below covers every replica's writes
             since = self.held.mark()
-            jobs = {r.id: r for r in await self.store.active_jobs(remember=True)}
+            await self.store.active_jobs(remember=True)  # the remembered records are exactly these now
             self.held.replace(await self.store.allocations(), since)
             holding = {a.job_id for a in self.held.allocations()}
             self._ended = {j: r for j, r in self._ended.items() if j in holding}
         else:
             foreign, self._foreign = self._foreign, False
-            jobs = self.store.remembered_jobs()
-            if foreign and (unknown := await self.store.undecided_job_ids() - jobs.keys()):  # another replica's
-                jobs.update((r.id, r) for r in await self.store.get_jobs(unknown, remember=True))
-        if not any(r.state is JobState.PENDING for r in jobs.values()):
+            if foreign and (unknown := await self.store.undecided_job_ids() - self.store.remembered_ids()):
+                await self.store.get_jobs(unknown, remember=True)  # another replica's
+        if not self.store.remembers_pending():
             return  # most kicks (exits, releases, heartbeats' changes) leave nothing to decide: skip the reads
+        # the same record objects from cycle to cycle while a job doesn't change (`HeldState` relies on it)
+        jobs = self.store.remembered_jobs()
         known = await self._topology()
         if known is None:
             return  # no GPU node has registered yet: jobs keep waiting with their intake reason

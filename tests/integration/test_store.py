@@ -183,6 +183,13 @@ async def test_a_full_read_makes_the_remembered_jobs_exactly_the_active_ones(red
         await b.update_job("mine", lambda r: msgspec.structs.replace(r, reason="b again"))
         await a.active_jobs(remember=True)
         assert a.remembered_jobs()["mine"] is not mine and a.remembered_jobs()["mine"].reason == "b again"
+        # whether anything remembered is pending, without decoding a record (a kicked cycle's first question)
+        assert a.remembers_pending() and a.remembered_ids() == {"mine"}
+        await a.update_job("mine", lambda r: msgspec.structs.replace(r, state=JobState.RUNNING))
+        assert not a.remembers_pending()
+        await b.create_job(JobRecord(id="late", spec=spec))
+        await a.get_jobs(["late"], remember=True)
+        assert a.remembers_pending() and set(a.remembered_jobs()) == {"mine", "late"}
     finally:
         await a.r.delete(*[k async for k in a.r.scan_iter(a.names.key_pattern)])
         await a.close()
