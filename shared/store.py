@@ -107,6 +107,14 @@ redis.call('SREM', KEYS[2], ARGV[1])
 return 1
 """
 
+# every allocation record in one command (KEYS: the jobs' alloc keys); '' for a key released meanwhile. A pipeline
+# of one HGET per job costs ~25 µs a job in redis-py, which the queue's timer paid for every allocation each period.
+ALLOC_RECORDS_LUA = """
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'record') or '' end
+return out
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:
@@ -125,6 +133,7 @@ class Store:
         self._release = client.register_script(RELEASE_LUA)
         self._lease = client.register_script(LEASE_LUA)
         self._job_cas = client.register_script(JOB_CAS_LUA)
+        self._alloc_records = client.register_script(ALLOC_RECORDS_LUA)
         # The last record this store read or wrote for each active job: the job's writer (the queue) decides on
         # it and the CAS checks it is still current, so an update is one round trip unless another replica
         # wrote in between. Terminal jobs leave it, so it holds the active jobs at most. `_jobs_decoded` caches
@@ -334,8 +343,9 @@ class Store:
 
     def remembered_jobs(self) -> dict[str, JobRecord]:
         """Every active job's record as this store last read or wrote it, without a round trip. Complete
-        after `active_jobs(remember=True)` as long as this store is the only writer; may be stale otherwise.
-        The records are shared: read them, don't change them."""
+        after `remember_active_jobs()` (or `active_jobs(remember=True)`) as long as this store is the only
+        writer; may be stale otherwise. The records are shared and stay the same objects until they change:
+        read them, don't change them."""
         decoded = self._jobs_decoded
         if self._jobs_undecoded:
             for job_id in self._jobs_undecoded:
@@ -382,12 +392,32 @@ class Store:
         ids = sorted(m.decode() for m in await self.r.smembers(self.names.active_jobs_key))
         jobs = await self.get_jobs(ids, remember=remember)
         if remember:
-            for gone in set(self._jobs_seen) - {r.id for r in jobs}:
-                if self._jobs_written_at.get(gone, 0) <= since:
-                    self._seen(gone, None, None)
-            # marks older than this read guard nothing any more: keep the table to the writes since
-            self._jobs_written_at = {j: n for j, n in self._jobs_written_at.items() if n > since}
+            self._forget_all_but({r.id for r in jobs}, since)
         return jobs
+
+    async def remember_active_jobs(self) -> None:
+        """`active_jobs(remember=True)` without handing the records out: only those that changed since they were
+        last seen are decoded (the queue's timer reads every active job each period; most haven't changed)."""
+        since = self._jobs_writes
+        ids = [m.decode() for m in await self.r.smembers(self.names.active_jobs_key)]
+        raws = await self.r.mget([self.names.job_key(i) for i in ids]) if ids else []
+        present: set[str] = set()
+        for job_id, raw in zip(ids, raws, strict=True):
+            if raw is None:
+                continue
+            present.add(job_id)
+            if self._jobs_seen.get(job_id) == raw or self._jobs_written_at.get(job_id, 0) > since:
+                continue  # unchanged, or written here while the read was on its way (that is newer)
+            self._seen(job_id, raw, JOB_RECORD.decode(raw).state)
+        self._forget_all_but(present, since)
+
+    def _forget_all_but(self, present: set[str], since: int) -> None:
+        """After a full read begun at write count `since`: forget the remembered jobs it didn't find (unless
+        written since), and drop the write marks older than the read (they guard nothing any more)."""
+        for gone in set(self._jobs_seen) - present:
+            if self._jobs_written_at.get(gone, 0) <= since:
+                self._seen(gone, None, None)
+        self._jobs_written_at = {j: n for j, n in self._jobs_written_at.items() if n > since}
 
     async def list_jobs(
         self, *, tenant: str | None = None, state: JobState | None = None, offset: int = 0, limit: int = 50
@@ -446,10 +476,7 @@ class Store:
         ids = sorted(m.decode() for m in await self.r.smembers(self.names.allocs_key))
         if not ids:
             return []
-        async with self.r.pipeline(transaction=False) as p:
-            for i in ids:
-                p.hget(self.names.alloc_key(i), "record")
-            raws = await p.execute()
+        raws = await self._alloc_records(keys=[self.names.alloc_key(i) for i in ids])
         return [ALLOCATION_RECORD.decode(raw) for raw in raws if raw]
 
     async def gpu_owners(self, node: str) -> dict[int, str]:

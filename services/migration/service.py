@@ -290,7 +290,9 @@ class MigrationService(Service):
         rebalance = offsets is not None
         if not (self.active() or evac or defrag or rebalance):
             return
-        jobs = {r.id: r for r in await self.store.active_jobs()}
+        # decoded only where a record changed since the last round (the store remembers them; read-only here)
+        await self.store.remember_active_jobs()
+        jobs = self.store.remembered_jobs()
         await self.reconcile(jobs, now)
         if known is None:
             return

@@ -537,7 +537,7 @@ class QueueService(Service):
         if full or not self.held.complete:
             self._foreign = False  # the full read below covers every replica's writes
             since = self.held.mark()
-            await self.store.active_jobs(remember=True)  # the remembered records are exactly these now
+            await self.store.remember_active_jobs()  # the remembered records are exactly the active jobs now
             self.held.replace(await self.store.allocations(), since)
             holding = {a.job_id for a in self.held.allocations()}
             self._ended = {j: r for j, r in self._ended.items() if j in holding}

@@ -158,8 +158,19 @@ async def test_job_writes_from_two_stores_never_lose_each_other(redis_url: str, 
         await b.close()
 
 
-async def test_a_full_read_makes_the_remembered_jobs_exactly_the_active_ones(redis_url: str, namespace: str) -> None:
+@pytest.mark.parametrize("read", ["active_jobs", "remember_active_jobs"])
+async def test_a_full_read_makes_the_remembered_jobs_exactly_the_active_ones(
+    redis_url: str, namespace: str, read: str
+) -> None:
     a = await _store(redis_url, namespace)
+
+    async def full_read() -> None:
+        if read == "active_jobs":
+            jobs = await a.active_jobs(remember=True)
+            assert {r.id for r in jobs} == set(a.remembered_jobs())
+        else:
+            await a.remember_active_jobs()
+
     b = Store.from_url(redis_url, a.names)  # another writer: a learns of its jobs only by reading
     spec = JobBody(name="j", tenant="t", gpus=4)
     try:
@@ -170,18 +181,18 @@ async def test_a_full_read_makes_the_remembered_jobs_exactly_the_active_ones(red
         assert set(a.remembered_jobs()) == {"mine"}  # terminal jobs leave; b's job is unknown yet
         await b.update_job("mine", lambda r: msgspec.structs.replace(r, reason="b wrote"))
         assert a.remembered_jobs()["mine"].reason == ""  # stale until read
-        jobs = await a.active_jobs(remember=True)
-        assert {r.id for r in jobs} == set(a.remembered_jobs()) == {"mine", "theirs"}
+        await full_read()
+        assert set(a.remembered_jobs()) == {"mine", "theirs"}
         assert a.remembered_jobs()["mine"].reason == "b wrote"
         await b.update_job("theirs", lambda r: msgspec.structs.replace(r, state=JobState.CANCELLED))
-        await a.active_jobs(remember=True)
+        await full_read()
         assert set(a.remembered_jobs()) == {"mine"}  # ended elsewhere: forgotten by the next full read
         # a read that finds a record unchanged keeps its object (the queue's HeldState compares by identity)
         mine = a.remembered_jobs()["mine"]
-        await a.active_jobs(remember=True)
+        await full_read()
         assert a.remembered_jobs()["mine"] is mine
         await b.update_job("mine", lambda r: msgspec.structs.replace(r, reason="b again"))
-        await a.active_jobs(remember=True)
+        await full_read()
         assert a.remembered_jobs()["mine"] is not mine and a.remembered_jobs()["mine"].reason == "b again"
         # whether anything remembered is pending, without decoding a record (a kicked cycle's first question)
         assert a.remembers_pending() and a.remembered_ids() == {"mine"}

@@ -82,9 +82,7 @@ class Walk:
         rng = self.rng
         self.now += rng.choice([0.0, 1.0, 30.0, 700.0])
         roll = rng.random()
-        running = [
-            j for j, r in self.jobs.items() if r.state in (JobState.PLACED, JobState.RUNNING) and j[0] != "l"
-        ]
+        running = [j for j, r in self.jobs.items() if r.state in (JobState.PLACED, JobState.RUNNING) and j[0] != "l"]
         if roll < 0.35 or not running:
             self.n += 1
             job = f"j{self.n}"
