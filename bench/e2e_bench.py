@@ -25,8 +25,8 @@ stack's event loop (`--same-process` puts it in) — then measures:
     service processes') is sampled through both phases; `cpu_latency_phase` gives each one's idle rate (5 s
     before the load), its rate during (a) and the CPU per job beyond idle (`cpu_ms_per_job`, Linux only).
 
-`--busy N` first starts N 1-GPU jobs that run for a day, so (a) and (b) decide next to N held allocations
-(the CPU of their agents' running ranks then counts in (c)'s phase, not in its idle window).
+`--busy N` first starts N 1-GPU jobs that run for a day, so (a) and (b) decide next to N held allocations;
+(c)'s idle window and the profile come after that (the busy cluster's background is then idle load).
 
 One JSON document on stdout. Targets on the 2-core dev machine: p50 < 10 ms, p99 < 50 ms, >= 300
 submissions/s, nothing lost. `--profile` runs cProfile over the stack's process during (a) and (b), writes
@@ -338,12 +338,24 @@ async def drive(url: str, nats_url: str, prefix: str, cfg: BenchConfig) -> dict[
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
         try:
-            busy = await busy_phase(http, url, events, cfg) if cfg.busy else None
             latency = await latency_phase(http, url, events, cfg, rng)
             throughput = await throughput_phase(http, url, events, cfg, rng)
         finally:
             await nc.close()
-    return {"busy": busy, "latency": latency, "throughput": throughput, "job_events_heard": events.count}
+    return {"latency": latency, "throughput": throughput, "job_events_heard": events.count}
+
+
+async def make_busy(url: str, nats_url: str, prefix: str, cfg: BenchConfig) -> dict[str, Any]:
+    """The busy phase, from this process, before the idle window and the load generator start."""
+    events = Events()
+    nc = await nats.connect(nats_url)
+    await nc.subscribe(Names(prefix=prefix).job_events_all, cb=events.on_msg, pending_msgs_limit=1_000_000)
+    await nc.flush()
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=cfg.clients)) as http:
+            return await busy_phase(http, url, events, cfg)
+    finally:
+        await nc.close()
 
 
 def _child(url: str, nats_url: str, prefix: str, cfg: BenchConfig, conn: Connection) -> None:
@@ -560,6 +572,8 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
         if fleet is not None:
             pids["fleet"] = fleet.pid
         pids.update({f"service:{name}": p.pid for name, p in stack.processes.items()})
+        if cfg.busy:
+            result["busy"] = await make_busy(stack.gateway_url, stack.nats_url, prefix, cfg)
         sampler = CpuSampler(pids)
         sampling = asyncio.ensure_future(sampler.run())
         idle = (time.time(), time.time() + IDLE_WINDOW_S)

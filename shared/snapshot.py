@@ -18,7 +18,7 @@ from shared.core import ClusterState, JobSpec
 from shared.core.state import Allocation as CoreAllocation
 from shared.core.state import indices_mask
 from shared.jobs import job_spec as spec_of
-from shared.schemas import AllocationRecord, JobRecord, JobState, NodeGpus, Reservations
+from shared.schemas import HOLDING, AllocationRecord, JobRecord, JobState, NodeGpus, Reservations
 from shared.store import Store
 
 log = logging.getLogger("rackscale.snapshot")
@@ -156,9 +156,10 @@ class HeldState:
     changed since the last call, then hands out a copy for the cycle to decide on.
 
     Rebuilding from every allocation costs ~14 µs a job (14 ms at 1,000 running jobs on 64 domains), on every
-    kicked cycle; a sync costs a pass over the ids with identity checks. Records are compared by identity: the
-    queue's views (`Store.remembered_jobs`, `HeldView`) replace a record when it changes and keep the object
-    while it doesn't. The result is the same as `occupy_held` on a fresh state (the property test in
+    kicked cycle. Given the ids of the jobs whose allocation or record changed since the last sync (`changed`),
+    a sync costs only those; without them, a pass over every id with identity checks. Records are compared by
+    identity: the queue's views (`Store.remembered_jobs`, `HeldView`) replace a record when it changes and keep
+    the object while it doesn't. The result is the same as `occupy_held` on a fresh state (the property test in
     tests/unit/test_held_state.py checks it), except that the expected end of a job past its estimate stays
     where it was when the job went in, instead of moving to `now`: the core reads `max(expected_end, now)`.
     Views that lag can overlap (an allocation some of whose GPUs are taken already): then the state is built
@@ -168,71 +169,125 @@ class HeldState:
         self._base: ClusterState | None = None
         self._state: ClusterState | None = None
         self._kept: dict[str, _Kept] = {}
+        self._unstarted: set[str] = set()  # kept keys whose start is `now`
         self._overlap = False
         self.rebuilds = 0  # states built from scratch (a new topology or health, an overlap)
 
     def sync(
         self,
         base: ClusterState,
-        allocations: Iterable[AllocationRecord],
+        allocations: Mapping[str, AllocationRecord],
         jobs: Mapping[str, JobRecord],
         now: float,
         ended: Mapping[str, JobRecord] | None = None,
-    ) -> tuple[ClusterState, set[str]]:
+        changed: Iterable[str] | None = None,
+    ) -> ClusterState:
         """The state `occupy_held` would give on a copy of `base` (a state with no allocations, not changed
-        here), as a copy the caller may change, and the ids of the jobs holding GPUs."""
-        allocations = list(allocations)
-        wanted = _wanted(allocations, jobs, ended or {})
-        held = {a.job_id for a in allocations}
+        here), as a copy the caller may change. `allocations` by job id; `changed`: the ids of the jobs whose
+        allocation or record (in `jobs` or `ended`) may differ from the last sync's, or None for any."""
+        ended = ended or {}
         state = self._state
-        if state is None or base is not self._base or self._overlap or not self._apply(state, wanted, now):
-            self._rebuild(base, wanted, now)
-            state = self._state
-            assert state is not None
-        return state.copy(), held
+        fresh = state is None or base is not self._base or self._overlap
+        try:
+            if not fresh:
+                assert state is not None
+                if changed is None:
+                    fresh = not self._apply(state, _wanted(list(allocations.values()), jobs, ended), now)
+                else:
+                    fresh = not self._apply_changed(state, changed, allocations, jobs, ended, now)
+            if fresh:
+                self._rebuild(base, _wanted(list(allocations.values()), jobs, ended), now)
+            self._refresh(now)
+        except BaseException:
+            self._state = None  # half applied: the next sync builds it from scratch
+            raise
+        assert self._state is not None
+        return self._state.copy()
 
-    def _apply(
+    def _same(self, key: str, want: tuple[list[NodeGpus], AllocationRecord | None, JobRecord | None] | None) -> bool:
+        k = self._kept.get(key)
+        if k is None or want is None:
+            return k is None and want is None
+        return k.alloc is want[1] and k.rec is want[2] and k.nodes is want[0]
+
+    def _drop(self, state: ClusterState, key: str) -> None:
+        if self._kept.pop(key, None) is not None:
+            self._unstarted.discard(key)
+            if key in state.allocs:
+                state.release(key)
+
+    def _put(
         self,
         state: ClusterState,
-        wanted: _Wanted,
+        key: str,
+        want: tuple[list[NodeGpus], AllocationRecord | None, JobRecord | None],
         now: float,
     ) -> bool:
-        """Bring the kept state to `wanted`; False on an overlap (the state is then to be rebuilt)."""
-        kept = self._kept
-        for key in [k for k in kept if k not in wanted]:
-            del kept[key]
-            if key in state.allocs:
-                state.release(key)
-        for key, (nodes, alloc, rec) in wanted.items():
-            k = kept.get(key)
-            if k is not None and k.alloc is alloc and k.rec is rec and k.nodes is nodes:
-                if k.unstarted and (a := state.allocs.get(key)) is not None and a.start != now:
-                    state.allocs[key] = CoreAllocation(
-                        a.job_id, a.nodes, a.masks, a.priority, a.tenant, a.checkpointable,
-                        start=now, expected_end=a.expected_end - a.start + now, gpus=a.gpus,
-                    )  # fmt: skip
-                continue
-            if key in state.allocs:
-                state.release(key)
-            if not occupy(state, key, nodes, rec, now, preemptible=_preemptible(alloc, rec)):
-                return False
-            kept[key] = _Kept(nodes, alloc, rec, rec is None or not rec.started_at)
-        return True
+        """Occupy one allocation; False on an overlap."""
+        nodes, alloc, rec = want
+        ok = occupy(state, key, nodes, rec, now, preemptible=_preemptible(alloc, rec))
+        unstarted = rec is None or not rec.started_at
+        self._kept[key] = _Kept(nodes, alloc, rec, unstarted)
+        if unstarted:
+            self._unstarted.add(key)
+        return ok
 
-    def _rebuild(
+    def _apply(self, state: ClusterState, wanted: _Wanted, now: float) -> bool:
+        """Bring the kept state to `wanted`; False on an overlap (the state is then to be rebuilt). What goes
+        is released before anything comes, so GPUs handed from one job to another don't look taken."""
+        for key in [k for k in self._kept if k not in wanted or not self._same(k, wanted[k])]:
+            self._drop(state, key)
+        return all(self._put(state, key, want, now) for key, want in wanted.items() if key not in self._kept)
+
+    def _apply_changed(
         self,
-        base: ClusterState,
-        wanted: _Wanted,
+        state: ClusterState,
+        changed: Iterable[str],
+        allocations: Mapping[str, AllocationRecord],
+        jobs: Mapping[str, JobRecord],
+        ended: Mapping[str, JobRecord],
         now: float,
-    ) -> None:
+    ) -> bool:
+        """`_apply` for the changed jobs only: their allocation and their move's target."""
+        todo: list[tuple[str, tuple[list[NodeGpus], AllocationRecord | None, JobRecord | None]]] = []
+        for job in changed:
+            rec = jobs.get(job)
+            alloc = allocations.get(job)
+            if alloc is not None:
+                own = (alloc.nodes, alloc, rec or ended.get(job))
+            elif rec is not None and rec.state in HOLDING:
+                own = (rec.allocation, None, rec)  # known only by its record (see `_wanted`)
+            else:
+                own = None
+            move = rec.move if rec is not None and rec.state is JobState.MIGRATING else None
+            target = (move.target, None, rec) if move is not None else None
+            for key, want in ((job, own), (job + MOVE_SUFFIX, target)):
+                if not self._same(key, want):
+                    self._drop(state, key)
+                    if want is not None:
+                        todo.append((key, want))
+        return all(self._put(state, key, want, now) for key, want in todo)
+
+    def _refresh(self, now: float) -> None:
+        """Move the start (and so the expected end) of the jobs not started yet to `now`, as `occupy` would."""
+        assert self._state is not None
+        allocs = self._state.allocs
+        for key in self._unstarted:
+            a = allocs.get(key)
+            if a is not None and a.start != now:
+                allocs[key] = CoreAllocation(
+                    a.job_id, a.nodes, a.masks, a.priority, a.tenant, a.checkpointable,
+                    start=now, expected_end=a.expected_end - a.start + now, gpus=a.gpus,
+                )  # fmt: skip
+
+    def _rebuild(self, base: ClusterState, wanted: _Wanted, now: float) -> None:
         self.rebuilds += 1
         state = base.copy()
-        kept: dict[str, _Kept] = {}
+        self._kept, self._unstarted = {}, set()
         overlap = False
-        for key, (nodes, alloc, rec) in wanted.items():
-            overlap |= not occupy(state, key, nodes, rec, now, preemptible=_preemptible(alloc, rec))
-            kept[key] = _Kept(nodes, alloc, rec, rec is None or not rec.started_at)
-        self._base, self._state, self._kept, self._overlap = base, state, kept, overlap
+        for key, want in wanted.items():
+            overlap |= not self._put(state, key, want, now)
+        self._base, self._state, self._overlap = base, state, overlap
 
 
 class TopologyView:

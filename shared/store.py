@@ -115,6 +115,8 @@ for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'record') or '' e
 return out
 """
 
+CHANGES_LISTED = 50_000  # past this many changed ids unread, "anything may have changed" is cheaper to keep
+
 
 @dataclass(frozen=True, slots=True)
 class CommitResult:
@@ -142,6 +144,8 @@ class Store:
         self._jobs_decoded: dict[str, JobRecord] = {}
         self._jobs_undecoded: set[str] = set()  # seen, not yet in `_jobs_decoded` (decoded on the next ask)
         self._jobs_pending: set[str] = set()  # seen as pending: a kicked cycle with none left has nothing to decide
+        # ids whose remembered record changed, came or went since `take_changed_jobs` (None: too many to list)
+        self._jobs_changed: set[str] | None = set()
         self._jobs_writes = 0  # counts what `_seen` took in: a read that overlapped a write mustn't undo it
         self._jobs_written_at: dict[str, int] = {}
 
@@ -320,7 +324,8 @@ class Store:
         self._jobs_writes += 1
         self._jobs_written_at[job_id] = self._jobs_writes
         if data is None or state in TERMINAL:
-            self._jobs_seen.pop(job_id, None)
+            if self._jobs_seen.pop(job_id, None) is not None:
+                self._changed(job_id)
             self._jobs_decoded.pop(job_id, None)
             self._jobs_undecoded.discard(job_id)
             self._jobs_pending.discard(job_id)
@@ -329,12 +334,26 @@ class Store:
             self._jobs_seen[job_id] = data
             self._jobs_decoded.pop(job_id, None)
             self._jobs_undecoded.add(job_id)
+            self._changed(job_id)
         # else the same bytes: the decoded record stays the same object (the queue's HeldState compares
         # records by identity)
         if state is JobState.PENDING:
             self._jobs_pending.add(job_id)
         else:
             self._jobs_pending.discard(job_id)
+
+    def _changed(self, job_id: str) -> None:
+        changed = self._jobs_changed
+        if changed is not None:
+            changed.add(job_id)
+            if len(changed) > CHANGES_LISTED:
+                self._jobs_changed = None
+
+    def take_changed_jobs(self) -> set[str] | None:
+        """The ids of the jobs whose remembered record changed, came or went since the last call; None when
+        there were too many to list (anything may have changed). For one reader: the queue's `HeldState`."""
+        changed, self._jobs_changed = self._jobs_changed, set()
+        return changed
 
     def remembered_job(self, job_id: str) -> JobRecord | None:
         """The record this store last read or wrote for an active job, without a round trip: may be stale."""

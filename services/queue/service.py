@@ -61,6 +61,7 @@ from shared.schemas import (
     Reservations,
 )
 from shared.snapshot import UNPREEMPTIBLE, HeldState, TopologyView, job_spec, occupy, reserved_domains
+from shared.store import CHANGES_LISTED
 from shared.tenants import tenants_from_settings
 
 log = logging.getLogger("rackscale.queue")
@@ -130,6 +131,7 @@ class QueueService(Service):
         self._topo = TopologyView(deps.store)
         self.held = HeldView()  # allocations as placement's events tell them (full reads on the timer)
         self._held_state = HeldState()  # the cycle's state of held GPUs, kept between cycles
+        self._unsynced: set[str] | None = None  # jobs changed since its last sync (None: any; the first is full)
         self._lease_trusted_until = 0.0  # monotonic time until which the leader lease is surely ours
         # attempts whose placed event this process has published (acked): their running event needn't repeat it
         self._announced: OrderedDict[tuple[str, int], None] = OrderedDict()
@@ -547,14 +549,19 @@ class QueueService(Service):
                 await self.store.get_jobs(unknown, remember=True)  # another replica's
         if not self.store.remembers_pending():
             return  # most kicks (exits, releases, heartbeats' changes) leave nothing to decide: skip the reads
+        self._note_changes()
         # the same record objects from cycle to cycle while a job doesn't change (`HeldState` relies on it)
         jobs = self.store.remembered_jobs()
         known = await self._topology()
         if known is None:
             return  # no GPU node has registered yet: jobs keep waiting with their intake reason
         topo = known[0]
-        # the held GPUs as of this cycle: only what changed since the last one is applied (`HeldState`)
-        state, held = self._held_state.sync(self._topo.base_state(), self.held.allocations(), jobs, now, self._ended)
+        # the held GPUs as of this cycle: only the jobs whose allocation or record changed since the last sync
+        # are applied (`HeldState`); the ids noted before `jobs` was taken, so none changes unnoticed
+        allocations = self.held.by_job()
+        state = self._held_state.sync(self._topo.base_state(), allocations, jobs, now, self._ended, self._unsynced)
+        self._unsynced = set()
+        held = frozenset(allocations)
         pending: list[JobSpec] = []
         for rec in jobs.values():
             if rec.state is not JobState.PENDING:
@@ -588,6 +595,15 @@ class QueueService(Service):
             elif isinstance(d, Pending | Reserve) and jobs[d.job_id].reason != d.reason:
                 await self._set_reason(d.job_id, d.reason, now)
         await self._share_reservations(topo, now)
+
+    def _note_changes(self) -> None:
+        """Collect the ids of the jobs whose record or allocation changed since the last look (None: too many to
+        list), for the next `HeldState.sync`: a cycle that returns before it loses none."""
+        changed, dirty = self.store.take_changed_jobs(), self.held.take_dirty()
+        if self._unsynced is None or changed is None or len(self._unsynced) > CHANGES_LISTED:
+            self._unsynced = None
+        else:
+            self._unsynced |= changed | dirty
 
     async def _share_reservations(self, topo: Any, now: float) -> None:
         """Write the scheduler's memory for the migration planner and the next leader, when it changed (most

@@ -8,7 +8,8 @@ again) or a job waiting for the next event or timer cycle; it can never hand out
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 from shared.schemas import AllocationRecord, Committed, Released
 
@@ -19,6 +20,7 @@ class HeldView:
         self.complete = False  # False until the first full read: kicked cycles read everything until then
         self._tick = 0  # counts the events applied
         self._changed_at: dict[str, int] = {}  # job → tick of its last event
+        self._dirty: set[str] = set()  # jobs whose allocation changed since `take_dirty`
 
     def mark(self) -> int:
         """Call before a full read; pass the result to `replace`."""
@@ -35,6 +37,8 @@ class HeldView:
                     fresh[job] = self._allocs[job]
                 else:
                     fresh.pop(job, None)
+        self._dirty.update(j for j, a in fresh.items() if old.get(j) is not a)
+        self._dirty.update(j for j in old if j not in fresh)
         self._allocs = fresh
         self._changed_at = {job: tick for job, tick in self._changed_at.items() if tick > since}
         self.complete = True
@@ -42,6 +46,7 @@ class HeldView:
     def _changed(self, job: str) -> None:
         self._tick += 1
         self._changed_at[job] = self._tick
+        self._dirty.add(job)
 
     def committed(self, ev: Committed) -> None:
         held = self._allocs.get(ev.job_id)
@@ -59,3 +64,12 @@ class HeldView:
 
     def allocations(self) -> list[AllocationRecord]:
         return list(self._allocs.values())
+
+    def by_job(self) -> Mapping[str, AllocationRecord]:
+        """The allocations by job id (read-only: the view's own)."""
+        return MappingProxyType(self._allocs)
+
+    def take_dirty(self) -> set[str]:
+        """The jobs whose allocation came, went or changed since the last call (for the cycle's HeldState)."""
+        dirty, self._dirty = self._dirty, set()
+        return dirty

@@ -194,6 +194,12 @@ async def test_a_full_read_makes_the_remembered_jobs_exactly_the_active_ones(
         await b.update_job("mine", lambda r: msgspec.structs.replace(r, reason="b again"))
         await full_read()
         assert a.remembered_jobs()["mine"] is not mine and a.remembered_jobs()["mine"].reason == "b again"
+        # every change of a remembered record is noted for the queue's HeldState, once
+        a.take_changed_jobs()
+        await b.update_job("mine", lambda r: msgspec.structs.replace(r, reason="b thrice"))
+        await full_read()
+        await full_read()  # nothing new
+        assert a.take_changed_jobs() == {"mine"} and a.take_changed_jobs() == set()
         # whether anything remembered is pending, without decoding a record (a kicked cycle's first question)
         assert a.remembers_pending() and a.remembered_ids() == {"mine"}
         await a.update_job("mine", lambda r: msgspec.structs.replace(r, state=JobState.RUNNING))

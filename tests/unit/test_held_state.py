@@ -69,6 +69,11 @@ class Walk:
         self.base = ClusterState(TOPO)
         self.now = 1000.0
         self.n = 0
+        self.touched: set[str] = set()  # jobs whose allocation or record changed since `take_touched`
+
+    def take_touched(self) -> set[str]:
+        touched, self.touched = self.touched, set()
+        return touched
 
     def _take(self, nodes: list[NodeGpus]) -> None:
         for ng in nodes:
@@ -79,6 +84,13 @@ class Walk:
             self.used.get(ng.node, set()).difference_update(ng.gpus)
 
     def step(self) -> str:
+        before = (dict(self.allocs), dict(self.jobs), dict(self.ended))
+        what = self._step()
+        for now, was in zip((self.allocs, self.jobs, self.ended), before, strict=True):
+            self.touched |= {j for j in now.keys() | was.keys() if now.get(j) is not was.get(j)}
+        return what
+
+    def _step(self) -> str:
         rng = self.rng
         self.now += rng.choice([0.0, 1.0, 30.0, 700.0])
         roll = rng.random()
@@ -160,24 +172,26 @@ class Walk:
 
 @pytest.mark.parametrize("seed", range(12))
 def test_a_kept_state_is_the_state_built_from_scratch(seed: int) -> None:
+    """Both ways of syncing: a pass over every id (`changed=None`) and only the jobs that changed."""
     walk = Walk(seed)
-    held_state = HeldState()
+    scan, diff = HeldState(), HeldState()
     steps: list[str] = []
     for _ in range(400):
         steps.append(walk.step())
-        got, held = held_state.sync(walk.base, list(walk.allocs.values()), walk.jobs, walk.now, walk.ended)
         fresh = walk.base.copy()
-        want_held = occupy_held(fresh, list(walk.allocs.values()), walk.jobs, walk.now, ended=walk.ended)
-        assert held == want_held, steps[-5:]
-        assert _view(got, walk.now) == _view(fresh, walk.now), steps[-5:]
-        got.check()
-        # the copy handed out is the cycle's to change: the next sync must not see it
-        for key in list(got.allocs)[:3]:
-            got.release(key)
+        held = occupy_held(fresh, list(walk.allocs.values()), walk.jobs, walk.now, ended=walk.ended)
+        assert held == set(walk.allocs)
+        for held_state, changed in ((scan, None), (diff, walk.take_touched())):
+            got = held_state.sync(walk.base, walk.allocs, walk.jobs, walk.now, walk.ended, changed)
+            assert _view(got, walk.now) == _view(fresh, walk.now), (changed, steps[-5:])
+            got.check()
+            # the copy handed out is the cycle's to change: the next sync must not see it
+            for key in list(got.allocs)[:3]:
+                got.release(key)
     kinds = set(steps)
     assert {"start", "end", "released", "change", "commit", "migrate", "overlap", "health"} <= kinds, kinds
     # most syncs applied differences: rebuilds come only with a new topology or an overlap
-    assert held_state.rebuilds < len(steps) / 2
+    assert scan.rebuilds < len(steps) / 2 and diff.rebuilds < len(steps) / 2
 
 
 def test_unchanged_views_rebuild_nothing_and_an_unstarted_job_moves_with_now() -> None:
@@ -187,13 +201,13 @@ def test_unchanged_views_rebuild_nothing_and_an_unstarted_job_moves_with_now() -
     alloc = AllocationRecord(job_id="p", attempt=1, nodes=nodes, committed_at=0.0)
     base = ClusterState(TOPO)
     held_state = HeldState()
-    first, _ = held_state.sync(base, [alloc], {"p": rec}, 100.0)
-    second, held = held_state.sync(base, [alloc], {"p": rec}, 160.0)
-    assert held_state.rebuilds == 1 and held == {"p"}
+    first = held_state.sync(base, {"p": alloc}, {"p": rec}, 100.0)
+    second = held_state.sync(base, {"p": alloc}, {"p": rec}, 160.0, changed=set())
+    assert held_state.rebuilds == 1
     assert (first.allocs["p"].start, second.allocs["p"].start) == (100.0, 160.0)
     assert second.allocs["p"].expected_end - second.allocs["p"].start == first.allocs["p"].expected_end - 100.0
     # a job that ended and was released leaves the state; a new base (health changed) rebuilds it
-    empty, held = held_state.sync(base, [], {}, 170.0)
-    assert held == set() and empty.free == base.free and held_state.rebuilds == 1
-    held_state.sync(ClusterState(TOPO), [], {}, 180.0)
+    empty = held_state.sync(base, {}, {}, 170.0, changed={"p"})
+    assert empty.free == base.free and held_state.rebuilds == 1
+    held_state.sync(ClusterState(TOPO), {}, {}, 180.0, changed=set())
     assert held_state.rebuilds == 2

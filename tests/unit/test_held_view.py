@@ -47,3 +47,16 @@ def test_a_full_read_keeps_the_objects_of_records_that_did_not_change() -> None:
     again_a, new_b = view.allocations()
     assert again_a is a
     assert new_b is not b and new_b.attempt == 2
+
+
+def test_every_change_of_an_allocation_is_noted_once_for_the_cycle() -> None:
+    view = HeldView()
+    view.replace([_alloc("a"), _alloc("b")], view.mark())
+    assert view.take_dirty() == {"a", "b"} and view.take_dirty() == set()
+    view.committed(_committed("c"))
+    view.released(Released(job_id="a", reason="done", at=0.0, attempt=1))
+    assert view.take_dirty() == {"a", "c"}
+    # a full read notes only what it changed: b unchanged, c gone, d new
+    view.replace([_alloc("b"), _alloc("d")], view.mark())
+    assert view.take_dirty() == {"c", "d"}
+    assert dict(view.by_job()).keys() == {"b", "d"}
