@@ -18,7 +18,7 @@ from shared.core import ClusterState, JobSpec
 from shared.core.state import Allocation as CoreAllocation
 from shared.core.state import indices_mask
 from shared.jobs import job_spec as spec_of
-from shared.schemas import HOLDING, AllocationRecord, JobRecord, JobState, NodeGpus, Reservations
+from shared.schemas import AllocationRecord, JobRecord, JobState, NodeGpus, Reservations
 from shared.store import Store
 
 log = logging.getLogger("rackscale.snapshot")
@@ -91,30 +91,45 @@ def movable_allocation(rec: JobRecord | None, alloc: AllocationRecord) -> bool:
     return rec is not None and rec.state in (JobState.PLACED, JobState.RUNNING) and rec.attempt == alloc.attempt
 
 
-_Wanted = dict[str, tuple[list[NodeGpus], AllocationRecord | None, JobRecord | None]]
+_Want = tuple[list[NodeGpus], AllocationRecord | None, JobRecord | None]  # (nodes, allocation, the job's record)
+_Wanted = dict[str, _Want]
+
+
+def _own(alloc: AllocationRecord | None, rec: JobRecord | None, ended: JobRecord | None) -> _Want | None:
+    """What holds a job's own GPUs: its committed allocation (with its record, or the record of the ended job
+    whose release is on its way), else its record's allocation while the record says placed, running or
+    migrating (a view that lags, or a release on its way: its GPUs and its tenant's quota still count, or a
+    cycle would hand them out again); None when nothing does."""
+    if alloc is not None:
+        return alloc.nodes, alloc, rec or ended
+    if rec is None:
+        return None
+    state = rec.state  # (identity tests: an enum member's hash is computed in Python, on every held job)
+    if state is JobState.PLACED or state is JobState.RUNNING or state is JobState.MIGRATING:
+        return rec.allocation, None, rec
+    return None
+
+
+def _target(rec: JobRecord | None) -> _Want | None:
+    """The GPUs a migrating job restores on, held for it until it does (`MOVE_SUFFIX` allocation)."""
+    move = rec.move if rec is not None and rec.state is JobState.MIGRATING else None
+    return (move.target, None, rec) if move is not None else None
 
 
 def _wanted(
     allocations: list[AllocationRecord], jobs: Mapping[str, JobRecord], ended: Mapping[str, JobRecord]
 ) -> _Wanted:
-    """What `occupy_held` puts into a state, in its order: allocation id → (nodes, the allocation record or None,
-    the job's record). Called on every kicked cycle with every held allocation: kept lean."""
+    """What `occupy_held` puts into a state, in its order (the allocations first): allocation id → `_Want`."""
     out: _Wanted = {}
     job, gone = jobs.get, ended.get
     for alloc in allocations:
         key = alloc.job_id
         out[key] = (alloc.nodes, alloc, job(key) or gone(key))
-    placed, running, migrating = JobState.PLACED, JobState.RUNNING, JobState.MIGRATING
     for rec in jobs.values():
-        state = rec.state  # (identity tests: an enum member's hash is computed in Python)
-        if state is not placed and state is not running and state is not migrating:
-            continue
-        if state is migrating and rec.move is not None:
-            out[rec.id + MOVE_SUFFIX] = (rec.move.target, None, rec)
-        if rec.id not in out:
-            # placed by its record but missing from the allocations (a view that lags, or a release on its
-            # way): its GPUs and its tenant's quota still count, or a cycle would hand them out again
-            out[rec.id] = (rec.allocation, None, rec)
+        if (target := _target(rec)) is not None:
+            out[rec.id + MOVE_SUFFIX] = target
+        if rec.id not in out and (own := _own(None, rec, None)) is not None:
+            out[rec.id] = own
     return out
 
 
@@ -145,10 +160,8 @@ class _Kept:
     """One allocation a HeldState holds, with what it was built from (compared by identity: the same records
     give the same allocation)."""
 
-    nodes: list[NodeGpus]
     alloc: AllocationRecord | None
     rec: JobRecord | None
-    unstarted: bool  # its start, and so its expected end, is the cycle's `now`: moved on at every sync
 
 
 class HeldState:
@@ -204,11 +217,12 @@ class HeldState:
         assert self._state is not None
         return self._state.copy()
 
-    def _same(self, key: str, want: tuple[list[NodeGpus], AllocationRecord | None, JobRecord | None] | None) -> bool:
+    def _same(self, key: str, want: _Want | None) -> bool:
+        """Whether the kept allocation was built from the same records (its nodes come from them)."""
         k = self._kept.get(key)
         if k is None or want is None:
             return k is None and want is None
-        return k.alloc is want[1] and k.rec is want[2] and k.nodes is want[0]
+        return k.alloc is want[1] and k.rec is want[2]
 
     def _drop(self, state: ClusterState, key: str) -> None:
         if self._kept.pop(key, None) is not None:
@@ -216,19 +230,12 @@ class HeldState:
             if key in state.allocs:
                 state.release(key)
 
-    def _put(
-        self,
-        state: ClusterState,
-        key: str,
-        want: tuple[list[NodeGpus], AllocationRecord | None, JobRecord | None],
-        now: float,
-    ) -> bool:
+    def _put(self, state: ClusterState, key: str, want: _Want, now: float) -> bool:
         """Occupy one allocation; False on an overlap."""
         nodes, alloc, rec = want
         ok = occupy(state, key, nodes, rec, now, preemptible=_preemptible(alloc, rec))
-        unstarted = rec is None or not rec.started_at
-        self._kept[key] = _Kept(nodes, alloc, rec, unstarted)
-        if unstarted:
+        self._kept[key] = _Kept(alloc, rec)
+        if rec is None or not rec.started_at:  # `occupy` started it at `now`
             self._unstarted.add(key)
         return ok
 
@@ -249,19 +256,11 @@ class HeldState:
         now: float,
     ) -> bool:
         """`_apply` for the changed jobs only: their allocation and their move's target."""
-        todo: list[tuple[str, tuple[list[NodeGpus], AllocationRecord | None, JobRecord | None]]] = []
+        todo: list[tuple[str, _Want]] = []
         for job in changed:
             rec = jobs.get(job)
-            alloc = allocations.get(job)
-            if alloc is not None:
-                own = (alloc.nodes, alloc, rec or ended.get(job))
-            elif rec is not None and rec.state in HOLDING:
-                own = (rec.allocation, None, rec)  # known only by its record (see `_wanted`)
-            else:
-                own = None
-            move = rec.move if rec is not None and rec.state is JobState.MIGRATING else None
-            target = (move.target, None, rec) if move is not None else None
-            for key, want in ((job, own), (job + MOVE_SUFFIX, target)):
+            own = _own(allocations.get(job), rec, ended.get(job))
+            for key, want in ((job, own), (job + MOVE_SUFFIX, _target(rec))):
                 if not self._same(key, want):
                     self._drop(state, key)
                     if want is not None:
