@@ -320,9 +320,13 @@ class Store:
             self._seen(job_id, None, None)
         return False, current
 
-    def _seen(self, job_id: str, data: bytes | None, state: JobState | None) -> None:
+    def _mark(self, job_id: str) -> None:
+        """Count a record taken in: a read begun before it mustn't undo it (`_remember`)."""
         self._jobs_writes += 1
         self._jobs_written_at[job_id] = self._jobs_writes
+
+    def _seen(self, job_id: str, data: bytes | None, state: JobState | None) -> None:
+        self._mark(job_id)
         if data is None or state in TERMINAL:
             if self._jobs_seen.pop(job_id, None) is not None:
                 self._changed(job_id)
@@ -362,9 +366,8 @@ class Store:
 
     def remembered_jobs(self) -> dict[str, JobRecord]:
         """Every active job's record as this store last read or wrote it, without a round trip. Complete
-        after `remember_active_jobs()` (or `active_jobs(remember=True)`) as long as this store is the only
-        writer; may be stale otherwise. The records are shared and stay the same objects until they change:
-        read them, don't change them."""
+        after `remember_active_jobs()` as long as this store is the only writer; may be stale otherwise. The
+        records are shared and stay the same objects until they change: read them, don't change them."""
         decoded = self._jobs_decoded
         if self._jobs_undecoded:
             for job_id in self._jobs_undecoded:
@@ -397,45 +400,47 @@ class Store:
             rec = JOB_RECORD.decode(raw) if raw else None
             if rec is not None:
                 out.append(rec)
-            if remember and self._jobs_written_at.get(job_id, 0) <= since:
-                self._seen(job_id, raw, rec.state if rec is not None else None)
+            if remember:
+                self._remember(job_id, raw, since, rec)
         return out
+
+    def _remember(self, job_id: str, raw: bytes | None, since: int, rec: JobRecord | None = None) -> None:
+        """Take in what a read begun at write count `since` found for a job (None: it doesn't exist), unless this
+        store read or wrote the job again meanwhile (that is newer). A record with the bytes already seen isn't
+        decoded again: it stays the same object."""
+        if self._jobs_written_at.get(job_id, 0) > since:
+            return
+        if raw is not None and self._jobs_seen.get(job_id) == raw:
+            self._mark(job_id)
+            return
+        if rec is None and raw is not None:
+            rec = JOB_RECORD.decode(raw)
+        self._seen(job_id, raw, rec.state if rec is not None else None)
 
     async def undecided_job_ids(self) -> set[str]:
         """Pending jobs waiting for a decision (none has an order in flight): one SMEMBERS."""
         return {m.decode() for m in await self.r.smembers(self.names.undecided_jobs_key)}
 
-    async def active_jobs(self, *, remember: bool = False) -> list[JobRecord]:
-        """Every job not yet terminal; `remember` makes them exactly what `remembered_jobs` holds."""
-        since = self._jobs_writes
+    async def active_jobs(self) -> list[JobRecord]:
+        """Every job not yet terminal."""
         ids = sorted(m.decode() for m in await self.r.smembers(self.names.active_jobs_key))
-        jobs = await self.get_jobs(ids, remember=remember)
-        if remember:
-            self._forget_all_but({r.id for r in jobs}, since)
-        return jobs
+        return await self.get_jobs(ids)
 
     async def remember_active_jobs(self) -> None:
-        """`active_jobs(remember=True)` without handing the records out: only those that changed since they were
-        last seen are decoded (the queue's timer reads every active job each period; most haven't changed)."""
+        """Make `remembered_jobs` exactly the active jobs (a full read), without handing the records out: only
+        those that changed since they were last seen are decoded (the queue's timer reads every active job each
+        period; most haven't changed)."""
         since = self._jobs_writes
         ids = [m.decode() for m in await self.r.smembers(self.names.active_jobs_key)]
         raws = await self.r.mget([self.names.job_key(i) for i in ids]) if ids else []
         present: set[str] = set()
         for job_id, raw in zip(ids, raws, strict=True):
-            if raw is None:
-                continue
-            present.add(job_id)
-            if self._jobs_seen.get(job_id) == raw or self._jobs_written_at.get(job_id, 0) > since:
-                continue  # unchanged, or written here while the read was on its way (that is newer)
-            self._seen(job_id, raw, JOB_RECORD.decode(raw).state)
-        self._forget_all_but(present, since)
-
-    def _forget_all_but(self, present: set[str], since: int) -> None:
-        """After a full read begun at write count `since`: forget the remembered jobs it didn't find (unless
-        written since), and drop the write marks older than the read (they guard nothing any more)."""
-        for gone in set(self._jobs_seen) - present:
-            if self._jobs_written_at.get(gone, 0) <= since:
-                self._seen(gone, None, None)
+            if raw is not None:
+                present.add(job_id)
+                self._remember(job_id, raw, since)
+        for gone in set(self._jobs_seen) - present:  # ended (or deleted) since last seen
+            self._remember(gone, None, since)
+        # marks older than this read guard nothing any more: keep the table to the writes since
         self._jobs_written_at = {j: n for j, n in self._jobs_written_at.items() if n > since}
 
     async def list_jobs(

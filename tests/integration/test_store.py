@@ -158,18 +158,12 @@ async def test_job_writes_from_two_stores_never_lose_each_other(redis_url: str, 
         await b.close()
 
 
-@pytest.mark.parametrize("read", ["active_jobs", "remember_active_jobs"])
-async def test_a_full_read_makes_the_remembered_jobs_exactly_the_active_ones(
-    redis_url: str, namespace: str, read: str
-) -> None:
+async def test_a_full_read_makes_the_remembered_jobs_exactly_the_active_ones(redis_url: str, namespace: str) -> None:
     a = await _store(redis_url, namespace)
 
     async def full_read() -> None:
-        if read == "active_jobs":
-            jobs = await a.active_jobs(remember=True)
-            assert {r.id for r in jobs} == set(a.remembered_jobs())
-        else:
-            await a.remember_active_jobs()
+        await a.remember_active_jobs()
+        assert {r.id for r in await a.active_jobs()} == set(a.remembered_jobs())
 
     b = Store.from_url(redis_url, a.names)  # another writer: a learns of its jobs only by reading
     spec = JobBody(name="j", tenant="t", gpus=4)
