@@ -541,7 +541,7 @@ class QueueService(Service):
             since = self.held.mark()
             await self.store.remember_active_jobs()  # the remembered records are exactly the active jobs now
             self.held.replace(await self.store.allocations(), since)
-            holding = {a.job_id for a in self.held.allocations()}
+            holding = self.held.by_job()
             self._ended = {j: r for j, r in self._ended.items() if j in holding}
         else:
             foreign, self._foreign = self._foreign, False

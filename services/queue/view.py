@@ -62,9 +62,6 @@ class HeldView:
             del self._allocs[ev.job_id]
         self._changed(ev.job_id)
 
-    def allocations(self) -> list[AllocationRecord]:
-        return list(self._allocs.values())
-
     def by_job(self) -> Mapping[str, AllocationRecord]:
         """The allocations by job id (read-only: the view's own)."""
         return MappingProxyType(self._allocs)
