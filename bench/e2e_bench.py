@@ -52,6 +52,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -327,35 +328,36 @@ async def throughput_phase(
     }
 
 
+@contextlib.asynccontextmanager
+async def session(
+    url: str, nats_url: str, prefix: str, cfg: BenchConfig
+) -> AsyncIterator[tuple[aiohttp.ClientSession, Events]]:
+    """An HTTP session to the gateway and the job events heard on a core NATS subscription."""
+    events = Events()
+    nc = await nats.connect(nats_url)
+    try:
+        await nc.subscribe(Names(prefix=prefix).job_events_all, cb=events.on_msg, pending_msgs_limit=1_000_000)
+        await nc.flush()
+        conn = aiohttp.TCPConnector(limit=cfg.clients)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as http:
+            yield http, events
+    finally:
+        await nc.close()
+
+
 async def drive(url: str, nats_url: str, prefix: str, cfg: BenchConfig) -> dict[str, Any]:
     """Both phases against a running system; the results as a dict."""
     rng = random.Random(cfg.seed)
-    events = Events()
-    nc = await nats.connect(nats_url)
-    await nc.subscribe(Names(prefix=prefix).job_events_all, cb=events.on_msg, pending_msgs_limit=1_000_000)
-    await nc.flush()
-    conn = aiohttp.TCPConnector(limit=cfg.clients)
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
-        try:
-            latency = await latency_phase(http, url, events, cfg, rng)
-            throughput = await throughput_phase(http, url, events, cfg, rng)
-        finally:
-            await nc.close()
+    async with session(url, nats_url, prefix, cfg) as (http, events):
+        latency = await latency_phase(http, url, events, cfg, rng)
+        throughput = await throughput_phase(http, url, events, cfg, rng)
     return {"latency": latency, "throughput": throughput, "job_events_heard": events.count}
 
 
 async def make_busy(url: str, nats_url: str, prefix: str, cfg: BenchConfig) -> dict[str, Any]:
     """The busy phase, from this process, before the idle window and the load generator start."""
-    events = Events()
-    nc = await nats.connect(nats_url)
-    await nc.subscribe(Names(prefix=prefix).job_events_all, cb=events.on_msg, pending_msgs_limit=1_000_000)
-    await nc.flush()
-    try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=cfg.clients)) as http:
-            return await busy_phase(http, url, events, cfg)
-    finally:
-        await nc.close()
+    async with session(url, nats_url, prefix, cfg) as (http, events):
+        return await busy_phase(http, url, events, cfg)
 
 
 def _child(url: str, nats_url: str, prefix: str, cfg: BenchConfig, conn: Connection) -> None:
