@@ -162,6 +162,7 @@ async def test_a_job_another_replica_took_in_reaches_the_leaders_kicked_cycle(
         other = QueueService(deps)
         assert await leader._lead() and not await other._lead()
         await leader.bus.nc.subscribe(names.cycle_kick, cb=leader._on_kick)
+        await leader.bus.nc.flush()  # the server has the subscription before anyone kicks (core NATS: no replay)
         await leader.run_cycle(full=True)  # the leader's view is complete; nothing foreign since
         await other.store.create_job(_job(state=JobState.PENDING))
 
