@@ -158,6 +158,49 @@ async def test_job_writes_from_two_stores_never_lose_each_other(redis_url: str, 
         await b.close()
 
 
+async def test_a_full_read_never_undoes_a_write_that_landed_while_its_reply_was_on_its_way(
+    redis_url: str, namespace: str
+) -> None:
+    # The write is made to land between the server answering the full read's MGET and the store taking the
+    # answer in: the answer holds the record as it was, and must not replace the newer one.
+    a = await _store(redis_url, namespace)
+    spec = JobBody(name="j", tenant="t", gpus=4)
+    real_mget = a.r.mget
+    writes: list[str] = []
+
+    async def mget_then_write(*args: object, **kw: object) -> object:
+        raws = await real_mget(*args, **kw)
+        if not writes:
+            writes.append("late")
+            await a.update_job("mine", lambda r: msgspec.structs.replace(r, reason="written meanwhile"))
+        return raws
+
+    try:
+        await a.create_job(JobRecord(id="mine", spec=spec, reason="first"))
+        await a.create_job(JobRecord(id="gone", spec=spec))
+        a.r.mget = mget_then_write  # type: ignore[method-assign]
+        await a.remember_active_jobs()
+        assert writes == ["late"]
+        assert a.remembered_jobs()["mine"].reason == "written meanwhile"  # the read's older bytes were dropped
+        assert set(a.remembered_jobs()) == {"mine", "gone"}
+        # the same for a read of named records
+        writes.clear()
+        await a.get_jobs(["mine"], remember=True)
+        assert writes == ["late"] and a.remembered_jobs()["mine"].reason == "written meanwhile"
+        # and a read that no write of its own store overtook takes its answer in
+        b = Store.from_url(redis_url, a.names)
+        try:
+            await b.update_job("mine", lambda r: msgspec.structs.replace(r, reason="written elsewhere"))
+        finally:
+            await b.close()
+        await a.remember_active_jobs()
+        assert writes == ["late"] and a.remembered_jobs()["mine"].reason == "written elsewhere"
+    finally:
+        a.r.mget = real_mget  # type: ignore[method-assign]
+        await a.r.delete(*[k async for k in a.r.scan_iter(a.names.key_pattern)])
+        await a.close()
+
+
 async def test_a_full_read_makes_the_remembered_jobs_exactly_the_active_ones(redis_url: str, namespace: str) -> None:
     a = await _store(redis_url, namespace)
 
@@ -201,6 +244,17 @@ async def test_a_full_read_makes_the_remembered_jobs_exactly_the_active_ones(red
         await b.create_job(JobRecord(id="late", spec=spec))
         await a.get_jobs(["late"], remember=True)
         assert a.remembers_pending() and set(a.remembered_jobs()) == {"mine", "late"}
+        # what a kicked cycle reads: the pending records only, and a live read-only view of every record
+        view = a.remembered_view()
+        assert set(a.remembered_pending()) == {"late"} and dict(view) == a.remembered_jobs()
+        assert view["late"] is a.remembered_pending()["late"] is a.remembered_jobs()["late"]
+        await a.update_job("late", lambda r: msgspec.structs.replace(r, state=JobState.RUNNING))
+        await a.update_job("mine", lambda r: msgspec.structs.replace(r, state=JobState.SUCCEEDED))
+        assert a.remembered_pending() == {}
+        view = a.remembered_view()
+        assert set(view) == {"late"} and view["late"].state is JobState.RUNNING
+        with pytest.raises(TypeError):
+            view["x"] = view["late"]  # type: ignore[index]
     finally:
         await a.r.delete(*[k async for k in a.r.scan_iter(a.names.key_pattern)])
         await a.close()
