@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -142,6 +143,7 @@ class Store:
         # the decoded form for `remembered_jobs` (read-only to callers).
         self._jobs_seen: dict[str, bytes] = {}
         self._jobs_decoded: dict[str, JobRecord] = {}
+        self._jobs_view: Mapping[str, JobRecord] = MappingProxyType(self._jobs_decoded)
         self._jobs_undecoded: set[str] = set()  # seen, not yet in `_jobs_decoded` (decoded on the next ask)
         self._jobs_pending: set[str] = set()  # seen as pending: a kicked cycle with none left has nothing to decide
         # ids whose remembered record changed, came or went since `take_changed_jobs` (None: too many to list)
@@ -368,12 +370,28 @@ class Store:
         """Every active job's record as this store last read or wrote it, without a round trip. Complete
         after `remember_active_jobs()` as long as this store is the only writer; may be stale otherwise. The
         records are shared and stay the same objects until they change: read them, don't change them."""
+        self._decode_remembered()
+        return dict(self._jobs_decoded)
+
+    def remembered_view(self) -> Mapping[str, JobRecord]:
+        """`remembered_jobs` without the copy: a read-only view, complete until this store's next read or write
+        (a changed record leaves it until decoded on the next ask). For a pass that doesn't await (the queue's
+        `HeldState.sync`); ask anew for the next."""
+        self._decode_remembered()
+        return self._jobs_view
+
+    def remembered_pending(self) -> dict[str, JobRecord]:
+        """The remembered records of pending jobs (a kicked cycle's candidates), without a pass over the rest."""
+        self._decode_remembered()
+        decoded = self._jobs_decoded
+        return {job_id: decoded[job_id] for job_id in self._jobs_pending}
+
+    def _decode_remembered(self) -> None:
         decoded = self._jobs_decoded
         if self._jobs_undecoded:
             for job_id in self._jobs_undecoded:
                 decoded[job_id] = JOB_RECORD.decode(self._jobs_seen[job_id])
             self._jobs_undecoded.clear()
-        return dict(decoded)
 
     def remembered_ids(self) -> set[str]:
         """The ids `remembered_jobs` holds, without decoding any record."""

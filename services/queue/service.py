@@ -550,22 +550,23 @@ class QueueService(Service):
         if not self.store.remembers_pending():
             return  # most kicks (exits, releases, heartbeats' changes) leave nothing to decide: skip the reads
         self._note_changes()
-        # the same record objects from cycle to cycle while a job doesn't change (`HeldState` relies on it)
-        jobs = self.store.remembered_jobs()
         known = await self._topology()
         if known is None:
             return  # no GPU node has registered yet: jobs keep waiting with their intake reason
         topo = known[0]
         # the held GPUs as of this cycle: only the jobs whose allocation or record changed since the last sync
-        # are applied (`HeldState`); the ids noted before `jobs` was taken, so none changes unnoticed
+        # are applied (`HeldState`); the ids were noted before this view is read, so none changes unnoticed. The
+        # view is live (no copy of every active job) and the same record objects from cycle to cycle while a
+        # job doesn't change (`HeldState` compares by identity); nothing awaits until the sync is done with it.
         allocations = self.held.by_job()
-        state = self._held_state.sync(self._topo.base_state(), allocations, jobs, now, self._ended, self._unsynced)
+        state = self._held_state.sync(
+            self._topo.base_state(), allocations, self.store.remembered_view(), now, self._ended, self._unsynced
+        )
         self._unsynced = set()
-        held = frozenset(allocations)
+        jobs = self.store.remembered_pending()  # the candidates, kept as they are now: the decisions below await
+        held = {job_id for job_id in jobs if job_id in allocations}  # as synced (`allocations` is live)
         pending: list[JobSpec] = []
         for rec in jobs.values():
-            if rec.state is not JobState.PENDING:
-                continue
             if rec.id in held:
                 continue  # committed, its Committed event not handled yet (or a release on its way)
             if rec.inflight_since is not None:

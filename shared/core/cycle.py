@@ -197,16 +197,13 @@ class _Cycle:
         self.holds: list[_Hold] = []
         self.failed_shapes: set[tuple[object, ...]] = set()
         self.result = CycleResult()
-        self.held: dict[str, int] = {}
-        for a in state.allocs.values():
-            if not a.hold:
-                self.held[a.tenant] = self.held.get(a.tenant, 0) + a.gpus
+        self.held: dict[str, int] = dict(state.tenant_gpus)  # GPUs per tenant, as this cycle allocates
         self.failed_preempt: dict[tuple[object, ...], int] = {}
         self.lent_now: set[str] = set()  # borrowers started this cycle
         if sched.lent:  # borrowers that ended or were moved off elsewhere owe nothing
             sched.lent = {b: ls for b, ls in sched.lent.items() if b in state.allocs}
         # lowest priority among running jobs: no preemption what-if for jobs at or below it
-        self.min_priority: int | None = min((a.priority for a in state.allocs.values() if not a.hold), default=None)
+        self.min_priority: int | None = state.min_priority()
 
     # -- main loop ---------------------------------------------------------------------------------------
     def run(self, pending: Sequence[JobSpec], usage: Mapping[str, float] | None) -> CycleResult:

@@ -69,6 +69,8 @@ class ClusterState:
         "node_jobs",
         "pinned_in",
         "pins",
+        "priorities",
+        "tenant_gpus",
         "topo",
         "usable",
     )
@@ -101,8 +103,13 @@ class ClusterState:
                     row[groups[node]] = row.get(groups[node], 0) + 1
         self.free: list[int] = list(self.full)
         self.nfree: list[int] = [m.bit_count() for m in self.free]
+        # job -> GPU mask per node; a node's dict is replaced, never changed in place, so copies share them
         self.node_jobs: list[dict[str, int]] = [{} for _ in range(n)]
         self.allocs: dict[str, Allocation] = {}
+        # running jobs' GPUs per tenant and their count per priority (holds don't count): kept as jobs come
+        # and go, so a cycle's quotas and preemption floor cost no pass over every allocation
+        self.tenant_gpus: dict[str, int] = {}
+        self.priorities: dict[int, int] = {}
         # jobs a migration planner can't move (`pins`) per node, and usable nodes holding one per NVLink domain:
         # kept as jobs come and go, so pin-aware placement (policies/rackscale.py) reads a domain's in O(1)
         self.pins: list[int] = [0] * n
@@ -126,8 +133,10 @@ class ClusterState:
         other.degraded_in = [dict(row) for row in self.degraded_in]
         other.free = self.free[:]
         other.nfree = self.nfree[:]
-        other.node_jobs = [dict(jobs) for jobs in self.node_jobs]
+        other.node_jobs = self.node_jobs[:]
         other.allocs = dict(self.allocs)
+        other.tenant_gpus = dict(self.tenant_gpus)
+        other.priorities = dict(self.priorities)
         other.pins = self.pins[:]
         other.pinned_in = self.pinned_in[:]
         other.count = [[row[:] for row in level] for level in self.count]
@@ -191,15 +200,34 @@ class ClusterState:
         for node, mask in zip(alloc.nodes, alloc.masks, strict=True):
             self._take(node, mask, alloc.job_id)
         self.allocs[alloc.job_id] = alloc
+        if not alloc.hold:
+            self._tally(alloc, 1)
         if self.pins_nodes(alloc):
             self._pin(alloc, 1)
+
+    def _tally(self, alloc: Allocation, step: int) -> None:
+        """Count a running job's GPUs for its tenant and its priority (step 1), or stop counting them (-1)."""
+        gpus = self.tenant_gpus.get(alloc.tenant, 0) + step * alloc.gpus
+        if gpus:
+            self.tenant_gpus[alloc.tenant] = gpus
+        else:
+            self.tenant_gpus.pop(alloc.tenant, None)
+        jobs = self.priorities.get(alloc.priority, 0) + step
+        if jobs:
+            self.priorities[alloc.priority] = jobs
+        else:
+            self.priorities.pop(alloc.priority, None)
+
+    def min_priority(self) -> int | None:
+        """The lowest priority among running jobs (holds aside); None when none runs."""
+        return min(self.priorities, default=None)
 
     def _take(self, node: int, mask: int, job_id: str) -> None:
         old = self.nfree[node]
         self.free[node] &= ~mask
         self.nfree[node] = new = self.free[node].bit_count()
         jobs = self.node_jobs[node]
-        jobs[job_id] = jobs.get(job_id, 0) | mask
+        self.node_jobs[node] = {**jobs, job_id: jobs.get(job_id, 0) | mask}
         if self.usable[node]:
             self._count(node, old, new)
 
@@ -212,12 +240,15 @@ class ClusterState:
             # GPUs that went down while held stay out of the free set
             self.free[node] |= mask & self.full[node]
             self.nfree[node] = new = self.free[node].bit_count()
-            jobs = self.node_jobs[node]
+            jobs = dict(self.node_jobs[node])
             left = jobs.pop(job_id, 0) & ~mask
             if left:
                 jobs[job_id] = left
+            self.node_jobs[node] = jobs
             if self.usable[node]:
                 self._count(node, old, new)
+        if not alloc.hold:
+            self._tally(alloc, -1)
         if self.pins_nodes(alloc):
             self._pin(alloc, -1)
         return alloc
@@ -279,3 +310,12 @@ class ClusterState:
                 pinned_in[topo.node_group[topo.domain][node]] += 1
         if pins != self.pins or pinned_in != self.pinned_in:
             raise StateError("pinned-node counts drifted from the allocations")
+        tenant_gpus: dict[str, int] = {}
+        priorities: dict[int, int] = {}
+        for alloc in self.allocs.values():
+            if not alloc.hold:
+                tenant_gpus[alloc.tenant] = tenant_gpus.get(alloc.tenant, 0) + alloc.gpus
+                priorities[alloc.priority] = priorities.get(alloc.priority, 0) + 1
+        tenant_gpus = {t: g for t, g in tenant_gpus.items() if g}
+        if tenant_gpus != self.tenant_gpus or priorities != self.priorities:
+            raise StateError("per-tenant GPU or per-priority job counts drifted from the allocations")

@@ -252,6 +252,8 @@ def snapshot(state: ClusterState) -> dict[str, object]:
         "count": tuple(tuple(tuple(row) for row in level) for level in state.count),
         "allocs": sorted((a.job_id, a.nodes, a.masks, a.expected_end) for a in state.allocs.values()),
         "node_jobs": tuple(tuple(sorted(jobs.items())) for jobs in state.node_jobs),
+        "tenant_gpus": sorted(state.tenant_gpus.items()),
+        "priorities": sorted(state.priorities.items()),
     }
 
 

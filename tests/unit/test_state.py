@@ -377,3 +377,39 @@ def test_a_copy_is_equal_and_independent() -> None:
     for name in ClusterState.__slots__:
         assert getattr(base, name) == getattr(fresh, name), name
     assert copy.free != base.free and copy.allocs and not base.allocs
+    # and the other way: the original changing after the copy (HeldState keeps its state and hands out
+    # copies) leaves the copy as it was; node_jobs' per-node dicts are shared until one side changes a node
+    before = snapshot(copy)
+    taken = [n for n in range(len(topo)) if copy.node_jobs[n]]
+    for i, node in enumerate(taken):
+        base.allocate(Allocation(f"b{i}", (node,), (base.free[node] & -base.free[node],), tenant="t", priority=i))
+    base.check()
+    base.release("b0")
+    assert snapshot(copy) == before and all(copy.node_jobs[n] != base.node_jobs[n] for n in taken[1:])
+    copy.release("j0")
+    copy.check()
+    base.check()
+
+
+def test_tenant_gpus_and_priorities_follow_running_jobs() -> None:
+    # what a cycle reads for quotas and its preemption floor, kept without a pass over every allocation
+    state = fleet(2, nodes=4)
+    n0, n1 = idx(state, "d00-n00"), idx(state, "d00-n01")
+    state.allocate(Allocation("a", (n0,), (0b0011,), tenant="x", priority=5))
+    state.allocate(Allocation("b", (n0, n1), (0b0100, 0b1111), tenant="y", priority=1))
+    state.allocate(Allocation("c", (n1 + 1,), (0b0001,), tenant="x", priority=5))
+    state.allocate(Allocation("hold:z", (n1 + 2,), (0b1111,), tenant="z", priority=0, hold=True))  # no job
+    assert state.tenant_gpus == {"x": 3, "y": 5} and state.priorities == {5: 2, 1: 1}
+    assert state.min_priority() == 1
+    state.check()
+    state.release("b")
+    assert state.tenant_gpus == {"x": 3} and state.min_priority() == 5
+    copy = state.copy()
+    state.release("a")
+    state.release("c")
+    assert state.tenant_gpus == {} and state.priorities == {} and state.min_priority() is None
+    assert copy.tenant_gpus == {"x": 3} and copy.priorities == {5: 2}
+    state.check()
+    copy.tenant_gpus["x"] = 4  # drift is caught by the recount
+    with pytest.raises(StateError, match="per-tenant"):
+        copy.check()
