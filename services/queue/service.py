@@ -581,7 +581,8 @@ class QueueService(Service):
             return
         if not self._taken_over:
             await self._take_over(topo)
-        result = self.scheduler.cycle(state, pending, now)
+        # a kicked cycle keeps last cycle's reservations while they hold; the timer's forecasts them anew
+        result = self.scheduler.cycle(state, pending, now, reuse_forecasts=not full)
         blocked: set[str] = set()  # jobs whose victims could not be moved out: their GPUs aren't free
         for d in result.decisions:
             if isinstance(d, Allocate):

@@ -144,6 +144,16 @@ def order_jobs(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Forecast:
+    """A reservation's forecast as a cycle made it: when and where the job starts, for how long."""
+
+    start: float
+    placement: Placement
+    runtime: float
+    shape: tuple[object, ...]
+
+
 @dataclass(slots=True)
 class _Hold:
     job_id: str
@@ -172,6 +182,7 @@ class Scheduler:
         # stays on loan until it ends: any job reserved last cycle may take its nodes back
         self.lent: dict[str, frozenset[str]] = {}
         self.reserved: frozenset[str] = frozenset()  # the jobs the last cycle reserved
+        self.forecasts: dict[str, _Forecast] = {}  # the last cycle's reservations (`reuse_forecasts`)
 
     def cycle(
         self,
@@ -179,15 +190,23 @@ class Scheduler:
         pending: Sequence[JobSpec],
         now: float,
         usage: Mapping[str, float] | None = None,
+        *,
+        reuse_forecasts: bool = False,
     ) -> CycleResult:
-        return _Cycle(self, state, now).run(pending, usage)
+        """One cycle. `reuse_forecasts`: a job reserved last cycle keeps that reservation while it still holds
+        (see `_Cycle._kept_forecast`) instead of replaying every running job's end again, which costs tens of
+        ms at thousands of running jobs. Its start may then be later than a fresh forecast's (a job ended
+        early); cycles without it (the running system's timer, every simulator cycle) find the earliest."""
+        return _Cycle(self, state, now, reuse_forecasts).run(pending, usage)
 
 
 class _Cycle:
     """One cycle's working memory."""
 
-    def __init__(self, sched: Scheduler, state: ClusterState, now: float) -> None:
+    def __init__(self, sched: Scheduler, state: ClusterState, now: float, reuse_forecasts: bool = False) -> None:
         self.sched = sched
+        self.reuse_forecasts = reuse_forecasts
+        self.forecasts: dict[str, _Forecast] = {}
         self.promised: dict[str, frozenset[int]] = {}
         self.cfg = sched.config
         self.policy = sched.policy
@@ -234,6 +253,7 @@ class _Cycle:
                     self.state.release(HOLD_PREFIX + h.job_id)
             self.sched.promised = self.promised
             self.sched.reserved = frozenset(h.job_id for h in self.holds)
+            self.sched.forecasts = self.forecasts
         return self.result
 
     def _decide(self, req: Request, demand: frozenset[int]) -> bool | None:
@@ -271,7 +291,9 @@ class _Cycle:
         if cfg.preemption and self._preempt(req, ctx, end):
             return True
         if len(self.holds) < cfg.reservations:
-            found = self._forecast(req, runtime, demand)
+            found = self._kept_forecast(req, runtime) if self.reuse_forecasts else None
+            if found is None:
+                found = self._forecast(req, runtime, demand)
             if found is None:
                 self._pending(job.id, PendingCode.NEVER_FITS, f"{reason}; won't fit even when running jobs end")
                 return None
@@ -284,6 +306,7 @@ class _Cycle:
                 return False
             assert isinstance(found, tuple)
             start, placement = found
+            self.forecasts[job.id] = _Forecast(start, placement, runtime, req.shape_key)
             if self.policy.sticky_reservations:
                 node_dom = self.state.topo.node_group[self.state.topo.domain]
                 self.promised[job.id] = frozenset(node_dom[n] for n in placement.nodes)
@@ -327,6 +350,28 @@ class _Cycle:
         if pairs:
             nodes, masks = zip(*pairs, strict=True)
             self.stmt.allocate(Allocation(HOLD_PREFIX + hold.job_id, nodes, masks, start=hold.start, hold=True))
+
+    def _kept_forecast(self, req: Request, runtime: float) -> tuple[float, Placement] | None:
+        """Last cycle's reservation of the job, when it still holds: it starts later than now, its layout's
+        GPUs are all up, on usable nodes outside this cycle's earlier reservations, and every job on them
+        (every job on its nodes, for whole-node jobs) is a borrower or expected to end by the start. Then the
+        forecast would find it again or one sooner; else None (forecast anew)."""
+        f = self.sched.forecasts.get(req.job.id)
+        if f is None or f.start <= self.now or f.runtime != runtime or f.shape != req.shape_key:
+            return None
+        state = self.state
+        covered = {n for h in self.holds for n in h.nodes}
+        lent = self.sched.lent
+        for node, mask in zip(f.placement.nodes, f.placement.masks, strict=True):
+            if not state.usable[node] or node in covered or mask & ~state.full[node]:
+                return None
+            for job_id, held in state.node_jobs[node].items():
+                if not (req.exclusive or held & mask) or job_id in lent:
+                    continue
+                a = state.allocs[job_id]
+                if a.hold or a.expected_end > f.start:
+                    return None
+        return f.start, f.placement
 
     def _forecast(
         self, req: Request, runtime: float, demand: frozenset[int]

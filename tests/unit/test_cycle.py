@@ -949,3 +949,61 @@ def test_without_lending_a_long_job_stays_off_reserved_nodes() -> None:
     pinned = replace(s, checkpointable=False)
     by = cycle(state, [x, pinned], config=CycleConfig(reservations=1, lend_checkpointable=True)).by_job()
     assert isinstance(by["S"], Pending)
+
+
+# ============================================================================ kicked cycles reuse forecasts
+# d00 AAAAAAAAAAAAAAAAAA   A ends at 1000: X (16 nodes) is reserved on d00 at 1000 by a full cycle
+# d01 BBBBBBBBBBBBBBBBBB   B ends at 2000
+# Then B's nodes go to C, ending at 500: a fresh forecast puts X on d01 at 500 (block doesn't stick to its
+# domains). A cycle that reuses forecasts keeps d00 at 1000 (it still holds: A ends by then), without
+# replaying every running job's end; the next full cycle moves X to the sooner start.
+def _x() -> JobSpec:
+    return job("X", 64, expected_runtime_s=500.0)
+
+
+def _reserve(sched: Scheduler, state, now: float, reuse: bool) -> Reserve:
+    (d,) = sched.cycle(state, [_x()], now, reuse_forecasts=reuse).decisions
+    assert isinstance(d, Reserve), d
+    _assert_clean(state)
+    return d
+
+
+def test_a_cycle_reusing_forecasts_keeps_a_reservation_that_still_holds() -> None:
+    sched = Scheduler(CycleConfig(policy="block"))
+    first = _reserve(sched, fleet(["A" * 18, "B" * 18], {"A": Run(end=1000.0), "B": Run(end=2000.0)}), 0.0, False)
+    assert first.start == 1000.0
+    later = fleet(["A" * 18, "C" * 18], {"A": Run(end=1000.0), "C": Run(end=500.0)})
+    kept = _reserve(sched, later, 100.0, True)
+    assert (kept.start, kept.nodes) == (1000.0, first.nodes)
+    kept = _reserve(sched, later, 200.0, True)  # kept again: the reuse is remembered as the last forecast
+    assert (kept.start, kept.nodes) == (1000.0, first.nodes)
+    fresh = _reserve(sched, later, 300.0, False)
+    assert fresh.start == 500.0 and domains_of(later.topo, fresh.nodes) == {"d01"}
+
+
+# After the same first cycle, something breaks the reservation on d00; a cycle reusing forecasts must then
+# forecast anew, and gets what a full cycle gets.
+@pytest.mark.parametrize(
+    ("row", "runs", "now", "start"),
+    [
+        # A is now expected to end after the reserved start: X starts when A ends
+        pytest.param("A" * 18, {"A": Run(end=1500.0)}, 100.0, 1500.0, id="a-job-on-the-layout-ends-later"),
+        # a node of the layout went down: X waits for A on the 16 of d00's usable nodes, at the same time
+        pytest.param("#" + "A" * 17, {"A": Run(end=1000.0)}, 100.0, 1000.0, id="a-node-of-the-layout-is-down"),
+        # a job that ends after the start took a node of the layout (a borrower would be given back)
+        pytest.param(
+            "E" + "A" * 17, {"A": Run(end=1000.0), "E": Run(end=3000.0)}, 100.0, 1000.0, id="a-job-took-a-node"
+        ),
+        # the start passed and X still doesn't fit (A overran its estimate): X starts when A ends, now or later
+        pytest.param("A" * 18, {"A": Run(end=1000.0)}, 1100.0, 1100.0, id="the-start-passed"),
+    ],
+)
+def test_a_cycle_reusing_forecasts_forecasts_anew_when_the_reservation_broke(row, runs, now, start) -> None:
+    sched = Scheduler(CycleConfig(policy="block"))
+    first = _reserve(sched, fleet(["A" * 18, "B" * 18], {"A": Run(end=1000.0), "B": Run(end=2000.0)}), 0.0, False)
+    assert first.start == 1000.0 and first.nodes == nodes(fleet(["." * 18] * 2).topo, 0, range(16))
+    rows, all_runs = [row, "B" * 18], {**runs, "B": Run(end=2000.0)}
+    reused = _reserve(sched, fleet(rows, all_runs), now, True)
+    fresh = _reserve(Scheduler(CycleConfig(policy="block")), fleet(rows, all_runs), now, False)
+    assert (reused.start, reused.nodes) == (fresh.start, fresh.nodes)
+    assert reused.start == start and (reused.start, reused.nodes) != (first.start, first.nodes)
