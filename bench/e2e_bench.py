@@ -4,6 +4,7 @@
     python bench/e2e_bench.py [--domains 64] [--latency-jobs 300] [--throughput-s 10] [--clients 8]
                               [--same-process] [--profile FILE.prof] [--agents-process]
                               [--process inventory,migration,placement] [--services-process] [--busy N]
+                              [--blocked GPUS]
 
 The stack runs in this process with embedded NATS and Valkey: 64 NVL72 domains = 1,152 simulated agents
 (in-process, one fleet), heartbeat 1 s. `--agents-process` runs the agents in a child process instead (as
@@ -27,6 +28,9 @@ stack's event loop (`--same-process` puts it in) — then measures:
 
 `--busy N` first starts N 1-GPU jobs that run for a day, so (a) and (b) decide next to N held allocations;
 (c)'s idle window and the profile come after that (the busy cluster's background is then idle load).
+`--blocked GPUS` then submits one day-long job of that many GPUs (4 per node, NVLink required, segments of 16
+nodes) that must wait: every cycle of (a) and (b) decides next to its reservation, as on a busy cluster where
+a large job waits for domains to drain. The bench checks that it is still pending, reserved, at the end.
 
 One JSON document on stdout. Targets on the 2-core dev machine: p50 < 10 ms, p99 < 50 ms, >= 300
 submissions/s, nothing lost. `--profile` runs cProfile over the stack's process during (a) and (b), writes
@@ -95,6 +99,7 @@ class BenchConfig:
     # services run as child processes besides those (--process inventory,migration); the gateway stays here
     processes: tuple[str, ...] = ()
     busy: int = 0  # long 1-GPU jobs started before the latency phase, so it runs on a busy cluster
+    blocked: int = 0  # GPUs of a large job that waits (reserved) through the measured phases; 0: none
 
 
 def small_job(rng: random.Random, tenant: str, i: int) -> dict[str, Any]:
@@ -360,6 +365,40 @@ async def make_busy(url: str, nats_url: str, prefix: str, cfg: BenchConfig) -> d
         return await busy_phase(http, url, events, cfg)
 
 
+BLOCKED_SEGMENT_NODES = 16
+
+
+async def submit_blocked(url: str, cfg: BenchConfig) -> dict[str, Any]:
+    """The large job that waits through the measured phases (`--blocked`), until the queue has reserved it."""
+    body = {
+        "name": "blocked",
+        "tenant": "blocked",
+        "gpus": cfg.blocked,
+        "gpus_per_node": 4,
+        "topology": {"nvlink": "required", "segment": BLOCKED_SEGMENT_NODES},
+        "duration_s": 86_400.0,
+    }
+    async with aiohttp.ClientSession() as http:
+        status, doc = await post_job(http, url, body)
+        if status != 202:
+            raise SystemExit(f"--blocked {cfg.blocked}: the job was refused: HTTP {status} {doc}")
+        job_id = doc["id"]
+        rec = await blocked_state(http, url, job_id)
+        start = time.perf_counter()
+        while "reserved" not in rec["reason"] and time.perf_counter() - start < 30:
+            await asyncio.sleep(0.2)
+            rec = await blocked_state(http, url, job_id)
+        if rec["state"] != "pending" or "reserved" not in rec["reason"]:
+            raise SystemExit(f"--blocked {cfg.blocked}: the job should wait reserved, it is {rec}")
+        return rec
+
+
+async def blocked_state(http: aiohttp.ClientSession, url: str, job_id: str) -> dict[str, Any]:
+    async with http.get(f"{url}/v1/jobs/{job_id}") as r:
+        doc = await r.json()
+    return {"id": job_id, "state": doc["state"], "reason": doc.get("reason", "")}
+
+
 def _child(url: str, nats_url: str, prefix: str, cfg: BenchConfig, conn: Connection) -> None:
     try:
         conn.send(("ok", asyncio.run(drive(url, nats_url, prefix, cfg))))
@@ -576,6 +615,8 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
         pids.update({f"service:{name}": p.pid for name, p in stack.processes.items()})
         if cfg.busy:
             result["busy"] = await make_busy(stack.gateway_url, stack.nats_url, prefix, cfg)
+        if cfg.blocked:
+            result["blocked"] = await submit_blocked(stack.gateway_url, cfg)
         sampler = CpuSampler(pids)
         sampling = asyncio.ensure_future(sampler.run())
         idle = (time.time(), time.time() + IDLE_WINDOW_S)
@@ -600,6 +641,8 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
         result["queue_cycles"] = getattr(queue, "cycles", None)
         async with aiohttp.ClientSession() as http:
             result["nodes_at_end"] = await node_counts(http, stack.gateway_url)
+            if cfg.blocked:
+                result["blocked_at_end"] = await blocked_state(http, stack.gateway_url, result["blocked"]["id"])
         if prof is not None and cfg.profile:
             result["profile"] = profile_report(prof, cfg.profile)
     finally:
@@ -648,6 +691,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--busy", type=int, default=0, metavar="N", help="start N day-long 1-GPU jobs before the latency phase"
     )
+    p.add_argument(
+        "--blocked",
+        type=int,
+        default=0,
+        metavar="GPUS",
+        help="then submit a day-long job of GPUS GPUs (segments of 16 nodes) that waits reserved throughout",
+    )
     a = p.parse_args(argv)
     processes = tuple(x.strip() for x in a.process.split(",") if x.strip())
     unknown = set(processes) - {"inventory", "queue", "placement", "migration"}
@@ -668,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         services_process=a.services_process,
         processes=processes,
         busy=a.busy,
+        blocked=a.blocked,
     )
     import logging
 
