@@ -396,6 +396,8 @@ async def submit_blocked(url: str, cfg: BenchConfig) -> dict[str, Any]:
 async def blocked_state(http: aiohttp.ClientSession, url: str, job_id: str) -> dict[str, Any]:
     async with http.get(f"{url}/v1/jobs/{job_id}") as r:
         doc = await r.json()
+        if r.status == 404:  # accepted, not stored yet by the queue
+            return {"id": job_id, "state": "accepted", "reason": ""}
     return {"id": job_id, "state": doc["state"], "reason": doc.get("reason", "")}
 
 
