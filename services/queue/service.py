@@ -21,6 +21,7 @@ holding the leader lease runs cycles. The cycle itself is the pure core: `shared
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -120,6 +121,7 @@ class QueueService(Service):
         # leads, and again whenever it loses the lease (another leader's cycles move on without it)
         self._taken_over = False
         self.kick = asyncio.Event()
+        self.timer_clock: Callable[[], float] = time.monotonic  # when full cycles are due (tests step it)
         # a kick from the bus (another replica wrote a job this one may not know): the next kicked cycle asks
         # the store for the undecided ids; its own kicks decide on what this replica wrote (no round trip)
         self._foreign = True
@@ -478,19 +480,23 @@ class QueueService(Service):
 
     # -- the cycle -----------------------------------------------------------------------------------------
     async def cycle_loop(self) -> None:
+        """A cycle on every kick, and a full one (see `run_cycle`) every period: kicks that keep coming don't
+        put the timer's off, or the views and the reservations' forecasts would never be put right."""
         interval = self.deps.settings.cycle_interval_s
+        clock = self.timer_clock
+        next_full = clock() + interval
         while not self.stop_event.is_set():
-            timed = False
-            try:
-                await asyncio.wait_for(self.kick.wait(), timeout=interval)
-            except TimeoutError:
-                timed = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.kick.wait(), timeout=max(0.0, next_full - clock()))
+            full = clock() >= next_full
+            if full:
+                next_full = clock() + interval
             self.kick.clear()
             if self.stop_event.is_set():
                 break
             try:
                 if await self._lead():
-                    await self.run_cycle(full=timed)
+                    await self.run_cycle(full=full)
             except Exception:
                 log.exception("scheduling cycle failed; next one on the timer")
 

@@ -180,3 +180,31 @@ async def test_a_job_another_replica_took_in_reaches_the_leaders_kicked_cycle(
         assert "j" in leader.store.remembered_jobs()
     finally:
         await deps.close()
+
+
+async def test_kicks_that_keep_coming_dont_put_the_full_cycle_off(queue: QueueService) -> None:
+    # A busy system kicks the cycle many times a second. The full cycle (every active job and allocation read,
+    # the reservations forecast anew) must still come every period, not only after a period without kicks.
+    t = [0.0]
+    queue.timer_clock = lambda: t[0]
+    asked: list[bool] = []
+
+    async def cycle(*, full: bool = True) -> None:  # which cycles the loop asks for is what's tested here
+        asked.append(full)
+
+    queue.run_cycle = cycle  # type: ignore[method-assign]
+    loop = asyncio.ensure_future(queue.cycle_loop())
+    await asyncio.sleep(0)  # the loop reads the clock at 0: the first full cycle is due at 1
+    try:
+        for i in range(12):  # a kick every quarter period (cycle_interval_s is 1 s)
+            t[0] = 0.25 * (i + 1)
+            queue.kick.set()
+            for _ in range(500):
+                if len(asked) > i:
+                    break
+                await asyncio.sleep(0.001)
+        assert asked == [False, False, False, True] * 3
+    finally:
+        queue.stop_event.set()
+        queue.kick.set()
+        await loop
