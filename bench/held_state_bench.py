@@ -10,7 +10,11 @@ its GPU (the usual churn), then a 2-GPU job is decided. Per cycle, median over `
   as the queue did before `HeldState`;
 - `scan_ms`: `HeldState.sync` finding the change by a pass over every id, and handing out a copy;
 - `kept_ms`: `HeldState.sync` told which jobs changed (what the queue does), and handing out a copy;
-- `cycle_ms`: the core's cycle on that state.
+- `cycle_ms`: the core's cycle on that state;
+- `blocked_ms` / `blocked_kept_ms`: the same cycle with a large job waiting ahead of it (64 segments of 16
+  nodes: it can't start before most running jobs end, so it is reserved every cycle), forecasting its
+  reservation anew (the timer's cycles) / keeping last cycle's while it holds (kicked cycles,
+  `reuse_forecasts`).
 
 One JSON document on stdout.
 """
@@ -27,9 +31,9 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable without an install
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from shared.core import ClusterState, CycleConfig, Scheduler, Topology
+from shared.core import ClusterState, CycleConfig, Reserve, Scheduler, Topology
 from shared.jobs import job_spec
-from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus
+from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, TopologyBody
 from shared.snapshot import HeldState, occupy_held
 
 
@@ -54,7 +58,10 @@ def measure(domains: int, running: int, cycles: int) -> dict[str, float | int]:
         a, r = _running(i, *slots[i], now)
         allocs[a.job_id], jobs[r.id] = a, r
     pending = job_spec(JobBody(name="p", tenant="t", gpus=2), "p", now)
+    big = JobBody(name="big", tenant="u", gpus=64 * 16 * 4, gpus_per_node=4, topology=TopologyBody(segment=16))
+    blocked = job_spec(big, "big", now - 60.0)
     sched = Scheduler(CycleConfig(policy="rackscale"))
+    fresh_sched, kept_sched = Scheduler(CycleConfig(policy="rackscale")), Scheduler(CycleConfig(policy="rackscale"))
     kept_state, scan_state = HeldState(), HeldState()
     for h in (kept_state, scan_state):
         h.sync(base, allocs, jobs, now)  # the first sync builds it (not measured)
@@ -62,6 +69,8 @@ def measure(domains: int, running: int, cycles: int) -> dict[str, float | int]:
     scan_ms: list[float] = []
     kept_ms: list[float] = []
     cycle_ms: list[float] = []
+    blocked_ms: list[float] = []
+    blocked_kept_ms: list[float] = []
     for c in range(cycles):
         now += 1.0
         gone = f"r{c}"  # one job ends, the next starts on its GPU
@@ -82,6 +91,18 @@ def measure(domains: int, running: int, cycles: int) -> dict[str, float | int]:
         t3 = time.perf_counter()
         sched.cycle(state, [pending], now)
         t4 = time.perf_counter()
+        fresh_state = kept_state.sync(base, allocs, jobs, now, changed=())
+        kept_copy = kept_state.sync(base, allocs, jobs, now, changed=())
+        t5 = time.perf_counter()
+        fresh_sched.cycle(fresh_state, [blocked, pending], now)
+        t6 = time.perf_counter()
+        kept = kept_sched.cycle(kept_copy, [blocked, pending], now, reuse_forecasts=c > 0)
+        t7 = time.perf_counter()
+        if not any(isinstance(d, Reserve) and d.job_id == "big" for d in kept.decisions):
+            raise SystemExit(f"the large job should be reserved: {kept.decisions}")
+        if c:
+            blocked_ms.append((t6 - t5) * 1e3)
+            blocked_kept_ms.append((t7 - t6) * 1e3)
         scratch_ms.append((t1 - t0) * 1e3)
         scan_ms.append((tb - t1) * 1e3)
         kept_ms.append((t2 - tb) * 1e3)
@@ -92,6 +113,8 @@ def measure(domains: int, running: int, cycles: int) -> dict[str, float | int]:
         "scan_ms": round(statistics.median(scan_ms), 3),
         "kept_ms": round(statistics.median(kept_ms), 3),
         "cycle_ms": round(statistics.median(cycle_ms), 3),
+        "blocked_ms": round(statistics.median(blocked_ms), 3),
+        "blocked_kept_ms": round(statistics.median(blocked_kept_ms), 3),
         "rebuilds": kept_state.rebuilds + scan_state.rebuilds,
     }
 
