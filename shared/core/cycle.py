@@ -152,6 +152,7 @@ class _Forecast:
     placement: Placement
     runtime: float
     shape: tuple[object, ...]
+    node_names: tuple[str, ...]  # what its node indices meant (a new inventory generation may renumber)
 
 
 @dataclass(slots=True)
@@ -306,7 +307,7 @@ class _Cycle:
                 return False
             assert isinstance(found, tuple)
             start, placement = found
-            self.forecasts[job.id] = _Forecast(start, placement, runtime, req.shape_key)
+            self.forecasts[job.id] = _Forecast(start, placement, runtime, req.shape_key, self.state.topo.node_names)
             if self.policy.sticky_reservations:
                 node_dom = self.state.topo.node_group[self.state.topo.domain]
                 self.promised[job.id] = frozenset(node_dom[n] for n in placement.nodes)
@@ -357,9 +358,11 @@ class _Cycle:
         (every job on its nodes, for whole-node jobs) is a borrower or expected to end by the start. Then the
         forecast would find it again or one sooner; else None (forecast anew)."""
         f = self.sched.forecasts.get(req.job.id)
+        state = self.state
         if f is None or f.start <= self.now or f.runtime != runtime or f.shape != req.shape_key:
             return None
-        state = self.state
+        if f.node_names != state.topo.node_names:  # the same tuple (one topology) compares at once
+            return None
         covered = {n for h in self.holds for n in h.nodes}
         lent = self.sched.lent
         for node, mask in zip(f.placement.nodes, f.placement.masks, strict=True):

@@ -13,8 +13,11 @@ import pytest
 
 from shared.core import (
     Allocate,
+    Allocation,
+    ClusterState,
     CycleConfig,
     JobSpec,
+    NodeSpec,
     Pending,
     PendingCode,
     Preempt,
@@ -22,6 +25,7 @@ from shared.core import (
     Scheduler,
     Slice,
     TenantPolicy,
+    Topology,
     order_jobs,
 )
 from shared.core.cycle import HOLD_PREFIX
@@ -1007,3 +1011,19 @@ def test_a_cycle_reusing_forecasts_forecasts_anew_when_the_reservation_broke(row
     fresh = _reserve(Scheduler(CycleConfig(policy="block")), fleet(rows, all_runs), now, False)
     assert (reused.start, reused.nodes) == (fresh.start, fresh.nodes)
     assert reused.start == start and (reused.start, reused.nodes) != (first.start, first.nodes)
+
+
+def test_a_reservation_made_on_another_topology_is_forecast_anew() -> None:
+    # a new inventory generation may renumber nodes: last cycle's layout would name other nodes now
+    sched = Scheduler(CycleConfig(policy="block"))
+    first = fleet(["A" * 18, "B" * 18], {"A": Run(end=1000.0), "B": Run(end=2000.0)})
+    _reserve(sched, first, 0.0, False)
+    names = first.topo.node_names
+    renumbered = Topology(["domain"], [NodeSpec(n, 4, (n[:3],)) for n in names[18:] + names[:18]])
+    later = ClusterState(renumbered)
+    # the same jobs on the same nodes, B now expected to end at 900: the old indices 0-15 are d01's nodes now,
+    # all clear by 1000, so a kept reservation would look valid there; forecast anew, X starts on d01 at 900
+    for job_id, (lo, end) in {"A": (18, 1000.0), "B": (0, 900.0)}.items():
+        later.allocate(Allocation(job_id, tuple(range(lo, lo + 18)), (15,) * 18, expected_end=end))
+    reused = _reserve(sched, later, 100.0, True)
+    assert reused.start == 900.0 and {renumbered.node_names[n][:3] for n in reused.nodes} == {"d01"}
