@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from shared.core.topology import GpuState, Health, NodeState, Topology
 
 INF = float("inf")
+K = TypeVar("K")
 
 
 class StateError(RuntimeError):
@@ -53,6 +55,15 @@ def indices_mask(indices: Iterable[int]) -> int:
     for i in indices:
         m |= 1 << i
     return m
+
+
+def _add(counts: dict[K, int], key: K, n: int) -> None:
+    """Add n to a count, dropping it at zero (a recount from scratch has no zero entries)."""
+    total = counts.get(key, 0) + n
+    if total:
+        counts[key] = total
+    else:
+        counts.pop(key, None)
 
 
 class ClusterState:
@@ -207,16 +218,8 @@ class ClusterState:
 
     def _tally(self, alloc: Allocation, step: int) -> None:
         """Count a running job's GPUs for its tenant and its priority (step 1), or stop counting them (-1)."""
-        gpus = self.tenant_gpus.get(alloc.tenant, 0) + step * alloc.gpus
-        if gpus:
-            self.tenant_gpus[alloc.tenant] = gpus
-        else:
-            self.tenant_gpus.pop(alloc.tenant, None)
-        jobs = self.priorities.get(alloc.priority, 0) + step
-        if jobs:
-            self.priorities[alloc.priority] = jobs
-        else:
-            self.priorities.pop(alloc.priority, None)
+        _add(self.tenant_gpus, alloc.tenant, step * alloc.gpus)
+        _add(self.priorities, alloc.priority, step)
 
     def min_priority(self) -> int | None:
         """The lowest priority among running jobs (holds aside); None when none runs."""
