@@ -34,28 +34,60 @@ class GpuHeat:
     temp_c: float
 
 
+@dataclass(frozen=True, slots=True)
+class HeatSums:
+    """What the fit needs of a set of (utilisation, temperature) samples: count and sums. Sums add, so a node's
+    samples are summed once as they come and a domain's are the sum of its nodes'."""
+
+    n: int = 0
+    u: float = 0.0
+    t: float = 0.0
+    uu: float = 0.0
+    ut: float = 0.0
+
+    @staticmethod
+    def of(samples: Iterable[tuple[float, float]]) -> HeatSums:
+        n, u, t, uu, ut = 0, 0.0, 0.0, 0.0, 0.0
+        for util, temp in samples:
+            n, u, t, uu, ut = n + 1, u + util, t + temp, uu + util * util, ut + util * temp
+        return HeatSums(n, u, t, uu, ut)
+
+    def __add__(self, o: HeatSums) -> HeatSums:
+        return HeatSums(self.n + o.n, self.u + o.u, self.t + o.t, self.uu + o.uu, self.ut + o.ut)
+
+    def spread(self) -> tuple[float, float]:
+        """(sum of (u - mean u)^2, sum of (u - mean u)(t - mean t)); (0, 0) without samples."""
+        if not self.n:
+            return 0.0, 0.0
+        mu, mt = self.u / self.n, self.t / self.n
+        return self.uu - self.n * mu * mu, self.ut - self.n * mu * mt
+
+
 def thermal_offsets(topo: Topology, samples: Iterable[GpuHeat]) -> dict[int, float]:
     """Domain index -> how much hotter its GPUs run than the fleet's at the same utilisation (mean 0).
 
     temp = offset[domain] + slope x util, the slope fitted on the variation *inside* domains (busy and idle
     GPUs side by side), so a domain that is both busier and hotter keeps its heat in its offset. Without such
     variation (every domain all busy or all idle) the slope comes from the pooled samples."""
-    by_dom: dict[int, list[GpuHeat]] = {}
+    by_dom: dict[int, list[tuple[float, float]]] = {}
     for r in samples:
-        by_dom.setdefault(topo.node_group[topo.domain][r.node], []).append(r)
-    if not by_dom:
+        by_dom.setdefault(topo.node_group[topo.domain][r.node], []).append((r.util, r.temp_c))
+    return offsets_from_sums({d: HeatSums.of(rs) for d, rs in by_dom.items()})
+
+
+def offsets_from_sums(by_domain: Mapping[int, HeatSums]) -> dict[int, float]:
+    """`thermal_offsets` from each domain's sums (the migration service keeps its nodes' as telemetry comes)."""
+    sums = {d: h for d, h in by_domain.items() if h.n}
+    if not sums:
         return {}
-    means = {d: (sum(r.util for r in rs) / len(rs), sum(r.temp_c for r in rs) / len(rs)) for d, rs in by_dom.items()}
-    sxx = sum((r.util - means[d][0]) ** 2 for d, rs in by_dom.items() for r in rs)
-    sxy = sum((r.util - means[d][0]) * (r.temp_c - means[d][1]) for d, rs in by_dom.items() for r in rs)
+    within = [h.spread() for h in sums.values()]
+    sxx, sxy = sum(x for x, _ in within), sum(y for _, y in within)
     if sxx > 1e-6:
         slope = sxy / sxx
     else:
-        rows = [r for rs in by_dom.values() for r in rs]
-        mu, mt = sum(r.util for r in rows) / len(rows), sum(r.temp_c for r in rows) / len(rows)
-        var = sum((r.util - mu) ** 2 for r in rows)
-        slope = sum((r.util - mu) * (r.temp_c - mt) for r in rows) / var if var > 1e-9 else 0.0
-    raw = {d: mt - slope * mu for d, (mu, mt) in means.items()}
+        var, cov = sum(sums.values(), HeatSums()).spread()
+        slope = cov / var if var > 1e-9 else 0.0
+    raw = {d: h.t / h.n - slope * h.u / h.n for d, h in sums.items()}
     center = sum(raw.values()) / len(raw)
     return {d: raw[d] - center for d in sorted(raw)}
 

@@ -8,10 +8,12 @@ domain d00 runs `hot` degrees above it. Jobs hold whole nodes.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from shared.core import Allocation, ClusterState, JobSpec, MigrationBudget, Movable, Topology, get_policy
-from shared.core.rebalance import GpuHeat, plan_rebalance, thermal_offsets
+from shared.core.rebalance import GpuHeat, HeatSums, offsets_from_sums, plan_rebalance, thermal_offsets
 
 ALL = 0b1111
 POLICY = get_policy("rackscale")
@@ -47,6 +49,30 @@ def test_offsets_compare_domains_at_the_same_load() -> None:
     # busy but not hot: no offset, however uneven the load
     flat = thermal_offsets(state.topo, samples(state, hot=0.0))
     assert flat[0] == pytest.approx(0.0, abs=1e-6) and flat[1] == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("utils", [(0.0, 0.9), (0.9,), (0.1, 0.35, 0.8)], ids=["busy-and-idle", "all-busy", "mixed"])
+def test_per_node_sums_give_the_offsets_of_the_samples(utils: tuple[float, ...]) -> None:
+    """The migration service keeps each node's sums, not its samples: summed per domain, they fit the same
+    offsets (all-busy: no variation inside domains, the pooled fallback)."""
+    topo = Topology.uniform(3, 5, 4)
+    rng = random.Random(7)
+    per_node: dict[int, list[GpuHeat]] = {}
+    for node in range(len(topo)):
+        heat = 8.0 if node < 5 else 0.0
+        for _ in range(4):
+            util = rng.choice(utils)
+            per_node.setdefault(node, []).append(GpuHeat(node, util, 35.0 + 40.0 * util + heat + rng.gauss(0, 1)))
+    expected = thermal_offsets(topo, [g for gs in per_node.values() for g in gs])
+    by_domain: dict[int, HeatSums] = {}
+    for node, gs in per_node.items():
+        d = topo.node_group[topo.domain][node]
+        by_domain[d] = by_domain.get(d, HeatSums()) + HeatSums.of((g.util, g.temp_c) for g in gs)
+    got = offsets_from_sums(by_domain)
+    assert got.keys() == expected.keys() == {0, 1, 2}
+    assert got == pytest.approx(expected, abs=1e-9)
+    assert got[0] == pytest.approx(8.0 * 2 / 3, abs=1.5)  # d00 runs 8 C hot against two cool peers
+    assert offsets_from_sums({}) == {} and offsets_from_sums({0: HeatSums()}) == {}
 
 
 def test_a_hot_domain_sheds_its_cheapest_jobs_until_it_carries_no_more_than_the_cool_one() -> None:
