@@ -44,6 +44,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
 
+from bench.e2e_bench import percentile, wait_registered
 from shared.embedded import EmbeddedNats, EmbeddedValkey
 
 TARGET_P50_MS = 10.0  # issue 3's p50 target for the whole system
@@ -57,11 +58,6 @@ HOPS = (
     ("floor.started", "floor.running", True),  # queue: record the start, running event
 )
 SET_RETURNING_OLD = "local v = redis.call('GET', KEYS[1]); redis.call('SET', KEYS[1], ARGV[1]); return v"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
 async def hop(js: Any, script: Any, stop: asyncio.Event, consumed: str, published: str, uses_redis: bool) -> None:
@@ -141,7 +137,6 @@ async def chain(jobs: int, sync_always: bool) -> list[float]:
 
 async def serve_background(domains: int) -> None:
     """The child: the embedded stack with a simulated fleet, idle until told to stop."""
-    from bench.e2e_bench import wait_registered
     from services.stack import Stack, StackOptions
     from shared.settings import Settings
 

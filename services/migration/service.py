@@ -98,9 +98,9 @@ class MigrationService(Service):
         self.last_evac = float("-inf")
         self.evac_gen = -1  # topology generation of the last evacuation pass
         self.leading = False  # holds the lease: the only replica that plans and writes records
-        # rebalancing: each node's latest GPU samples (received at, [(util, temp)]), and since when the
+        # rebalancing: the sums of each node's latest GPU samples (received at, sums), and since when the
         # domains' heat spread has exceeded the limit
-        self.heat: dict[str, tuple[float, HeatSums]] = {}  # node → (when, its GPUs' latest sums)
+        self.heat: dict[str, tuple[float, HeatSums]] = {}
         self.hot_since: float | None = None
         self.last_rebalance = float("-inf")
         assert deps.metrics is not None
