@@ -66,7 +66,14 @@ def main(argv: list[str]) -> int:
         form = subprocess.run([str(py), "-m", "ruff", "format", "--check", "--quiet", *paths], cwd=ROOT)
         tests = subprocess.run([str(py), "-m", "pytest", *rest], cwd=ROOT)
         return lint.returncode or form.returncode or tests.returncode
-    return subprocess.run([str(py), "-m", "services.cli", "up", *rest], cwd=ROOT).returncode
+    up = [str(py), "-m", "services.cli", "up", *rest]
+    if os.name == "nt":
+        return subprocess.run(up, cwd=ROOT).returncode
+    # Become the service runner rather than wait on it: Ctrl-C then reaches only the process that handles
+    # it, and nothing here kills it (subprocess.run would SIGKILL it 0.25 s into its shutdown, leaving the
+    # embedded NATS server running, and print a KeyboardInterrupt traceback).
+    os.chdir(ROOT)
+    os.execv(up[0], up)
 
 
 if __name__ == "__main__":

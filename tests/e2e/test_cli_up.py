@@ -4,6 +4,9 @@
 2. `submit` a job against that URL; `job ID` shows it succeed; `cluster` draws the domain.
 3. SIGINT the `up` process: it exits 0 and its nats-server and valkey-server children are gone.
 
+And the README's own command, `python3 scripts/dev.py up`, stopped the way a terminal's Ctrl-C stops it (SIGINT
+to the whole process group): the same clean stop, no traceback.
+
 The servers are always embedded here (RACKSCALE_NATS_URL / REDIS_URL are removed from the child's
 environment): what is under test is that `up` starts and stops them.
 """
@@ -120,6 +123,29 @@ def alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
 
 
+def descendants(pid: int) -> dict[int, str]:
+    found = children(pid)
+    for child in list(found):
+        found.update(descendants(child))
+    return found
+
+
+def embedded_servers(proc: subprocess.Popen[str]) -> dict[int, str]:
+    servers = {pid: name for pid, name in descendants(proc.pid).items() if name in SERVERS}
+    assert sorted(servers.values()) == sorted(SERVERS), f"embedded servers of `up` (pid {proc.pid}): {servers}"
+    return servers
+
+
+def assert_stopped_cleanly(proc: subprocess.Popen[str], out: Lines, servers: dict[int, str]) -> None:
+    code = proc.wait(timeout=60)
+    out.drain()
+    assert code == 0, out.text()
+    assert "stopped" in out.seen, out.text()
+    assert "Traceback" not in out.text(), out.text()
+    left = [f"{name} ({pid})" for pid, name in servers.items() if alive(pid)]
+    assert not left, f"still running after `up` exited: {left}"
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the server processes through /proc")
 def test_up_serves_the_cli_and_stops_cleanly_on_ctrl_c() -> None:
     proc = subprocess.Popen(
@@ -134,8 +160,7 @@ def test_up_serves_the_cli_and_stops_cleanly_on_ctrl_c() -> None:
     try:
         url = out.wait_for(r"gateway\s+(http://127\.0\.0\.1:\d+)", START_S).group(1)
         out.wait_for(r"submit --gpus 64 --name demo --tenant me --duration 30", 5)
-        servers = {pid: name for pid, name in children(proc.pid).items() if name in SERVERS}
-        assert sorted(servers.values()) == sorted(SERVERS), f"embedded servers of `up`: {servers}"
+        servers = embedded_servers(proc)
 
         sub = cli("submit", "--gpus", "8", "--name", "e2e", "--tenant", "test", "--duration", "0.5", "--url", url)
         assert sub.returncode == 0, sub.stderr
@@ -166,13 +191,38 @@ def test_up_serves_the_cli_and_stops_cleanly_on_ctrl_c() -> None:
         assert len(row.split("│")[1].split()) == 18  # 18 nodes of 4 cells
 
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=60)
-        out.drain()
-        assert code == 0, out.text()
-        assert "stopped" in out.seen, out.text()
-        left = [f"{name} ({pid})" for pid, name in servers.items() if alive(pid)]
-        assert not left, f"still running after `up` exited: {left}"
+        assert_stopped_cleanly(proc, out, servers)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the server processes through /proc")
+def test_the_readme_up_command_stops_cleanly_on_a_terminal_ctrl_c() -> None:
+    # scripts/dev.py must become the `up` process (not wait on it): a terminal's Ctrl-C signals the whole
+    # group, and a waiting parent would kill `up` mid-shutdown, leaving its servers running
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "dev.py"), "up", "--domains", "1", "--port", "0"],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job has
+    )
+    out = Lines(proc)
+    servers: dict[int, str] = {}
+    try:
+        # bounded wait: dev.py installs first when .venv's install stamp doesn't match pyproject.toml
+        out.wait_for(r"gateway\s+http://127\.0\.0\.1:\d+", 5 * START_S)
+        servers = embedded_servers(proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert_stopped_cleanly(proc, out, servers)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in servers:  # the servers run in sessions of their own: a failed stop must not leave them
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
