@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,7 +86,22 @@ def _is_addr_in_use(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
 
 
-def banner(gateway_url: str, opts: UpOptions, settings: Settings, embedded: dict[str, bool]) -> str:
+def cli_command(python: str, cwd: Path) -> str:
+    """How to run the CLI from another terminal: the `rackscale` script installed beside this interpreter
+    (a plain `python` there may lack the dependencies), relative to `cwd` when it is under it."""
+    script = Path(python).with_name("rackscale.exe" if os.name == "nt" else "rackscale")
+    if not script.exists():
+        return f"{python} -m services.cli"
+    try:
+        return str(script.relative_to(cwd))
+    except ValueError:
+        return str(script)
+
+
+def banner(
+    gateway_url: str, opts: UpOptions, settings: Settings, embedded: dict[str, bool], cli: str | None = None
+) -> str:
+    cli = cli or cli_command(sys.executable, Path.cwd())
     nodes = opts.domains * opts.nodes_per_domain
     kind = f"NVL{opts.nodes_per_domain * opts.gpus_per_node}"
     url_flag = "" if gateway_url == DEFAULT_URL else f" --url {gateway_url}"
@@ -104,9 +120,9 @@ def banner(gateway_url: str, opts: UpOptions, settings: Settings, embedded: dict
         ),
         "",
         "Try, from another terminal:",
-        f"  python -m services.cli submit --gpus 64 --name demo --tenant me --duration 30{url_flag}",
-        f"  python -m services.cli jobs{url_flag}",
-        f"  python -m services.cli cluster{url_flag}",
+        f"  {cli} submit --gpus 64 --name demo --tenant me --duration 30{url_flag}",
+        f"  {cli} jobs{url_flag}",
+        f"  {cli} cluster{url_flag}",
     ]
     if url_flag:
         lines.append(f"  (or export RACKSCALE_URL={gateway_url} and leave out --url)")

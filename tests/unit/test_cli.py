@@ -11,10 +11,12 @@ HTTP answers come from a small canned server on a loopback port (no gateway, no 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, ClassVar
 
 import msgspec
@@ -24,7 +26,7 @@ from services.cli import commands
 from services.cli.client import DEFAULT_URL, ApiError, Client, CliError, api_error, default_url, format_api_error
 from services.cli.cluster import cluster_state, decode_cluster, draw_cluster
 from services.cli.main import build_parser, main
-from services.cli.up import UpOptions, banner, port_in_use, run_up, settings_for
+from services.cli.up import UpOptions, banner, cli_command, port_in_use, run_up, settings_for
 from services.gateway.views import cluster_view
 from shared.core.topology import NodeState
 from shared.schemas import AllocationRecord, NodeGpus, NodeRecord
@@ -142,7 +144,24 @@ def test_up_banner_prints_the_url_and_a_submit_command() -> None:
     assert "gateway  http://127.0.0.1:5555" in text
     assert "submit --gpus 64 --name demo --tenant me --duration 30 --url http://127.0.0.1:5555" in text
     assert "nats://127.0.0.1:1 (embedded)" in text and "(embedded)" not in text.split("Redis")[1].split("\n")[0]
-    assert "--url" not in banner(DEFAULT_URL, UpOptions(), s, {"nats": True, "redis": True})
+    both = {"nats": True, "redis": True}
+    assert "--url" not in banner(DEFAULT_URL, UpOptions(), s, both)
+    with_cli = banner("http://127.0.0.1:5555", UpOptions(), s, both, "rack")
+    assert "\n  rack jobs --url http://127.0.0.1:5555\n" in with_cli
+
+
+def test_up_suggests_the_cli_installed_beside_its_interpreter(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    python = str(bin_dir / "python")
+    # no script there: the interpreter itself runs the module (not a bare `python`, which may lack the deps)
+    assert cli_command(python, tmp_path) == f"{python} -m services.cli"
+    script = bin_dir / ("rackscale.exe" if os.name == "nt" else "rackscale")
+    script.write_text("")
+    assert cli_command(python, tmp_path) == str(Path("venv") / "bin" / script.name)  # relative under cwd
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    assert cli_command(python, elsewhere) == str(script)
 
 
 def test_up_on_a_taken_port_says_so_and_suggests_port_0(capsys: pytest.CaptureFixture[str]) -> None:
