@@ -93,9 +93,11 @@ def cli_command(python: str, cwd: Path) -> str:
     if not script.exists():
         return f"{python} -m services.cli"
     try:
-        return str(script.relative_to(cwd))
+        rel = script.relative_to(cwd)
     except ValueError:
         return str(script)
+    # a bare name would be looked up on PATH, not here
+    return str(rel) if len(rel.parts) > 1 else os.curdir + os.sep + str(rel)
 
 
 def banner(

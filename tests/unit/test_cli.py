@@ -162,6 +162,7 @@ def test_up_suggests_the_cli_installed_beside_its_interpreter(tmp_path: Path) ->
     elsewhere = tmp_path / "other"
     elsewhere.mkdir()
     assert cli_command(python, elsewhere) == str(script)
+    assert cli_command(python, bin_dir) == os.curdir + os.sep + script.name  # not a bare name: PATH isn't here
 
 
 def test_up_on_a_taken_port_says_so_and_suggests_port_0(capsys: pytest.CaptureFixture[str]) -> None:
