@@ -32,9 +32,9 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shared.core import ClusterState, CycleConfig, Reserve, Scheduler, Topology
+from shared.held import HeldState, occupy_held
 from shared.jobs import job_spec
 from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, TopologyBody
-from shared.snapshot import HeldState, occupy_held
 
 
 def _running(i: int, node: str, gpu: int, now: float) -> tuple[AllocationRecord, JobRecord]:

@@ -1,9 +1,9 @@
-"""The one translation from an API job body (`schemas.JobBody`) to the core's `JobSpec`."""
+"""The one translation from an API job body (`schemas.JobBody`), or a job's record, to the core's `JobSpec`."""
 
 from __future__ import annotations
 
 from shared.core.shape import JobSpec, Need
-from shared.schemas import JobBody
+from shared.schemas import JobBody, JobRecord
 
 
 def job_spec(body: JobBody, job_id: str, submit_time: float = 0.0) -> JobSpec:
@@ -22,3 +22,8 @@ def job_spec(body: JobBody, job_id: str, submit_time: float = 0.0) -> JobSpec:
         expected_runtime_s=body.expected_runtime_s if body.expected_runtime_s is not None else body.duration_s,
         submit_time=submit_time,
     )
+
+
+def record_spec(rec: JobRecord) -> JobSpec:
+    """The core's view of a job record: its body, submitted when the queue accepted it."""
+    return job_spec(rec.spec, rec.id, rec.submitted_at)

@@ -43,7 +43,7 @@ class Names:
 
     @property
     def orders(self) -> str:
-        return f"{self.prefix}.orders.{self.cell}"  # queue → placement: PlaceOrder / PreemptOrder / ReleaseOrder
+        return f"{self.prefix}.orders.{self.cell}"  # queue → placement: PlaceOrder / ReleaseOrder / CheckpointOrder
 
     def agent_cmd(self, node: str) -> str:
         return f"{self.prefix}.agent.cmd.{node}"  # placement → one agent: StartRank / StopRank

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -76,8 +75,3 @@ class Tracer:
 
 def noop_tracer(service: str) -> Tracer:
     return Tracer(make_provider(service), service)
-
-
-def current_trace_id() -> str:
-    ctx = trace.get_current_span().get_span_context()
-    return format(ctx.trace_id, "032x") if ctx.is_valid else ""

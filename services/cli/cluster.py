@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import msgspec
 
-from services.gateway.views import ClusterView
+from shared.api import ClusterView
 from shared.core.state import Allocation, ClusterState, indices_mask
 from shared.core.topology import GpuState, Health, NodeSpec, NodeState, Topology
 from shared.picture import job_letters, render

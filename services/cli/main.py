@@ -17,41 +17,12 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from services.cli.args import port, positive_int, seconds
 from shared.core import POLICIES
 
 Out = Callable[[str], None]
 
 JOB_STATES = ("pending", "placed", "running", "succeeded", "failed", "cancelled", "preempted")
-
-
-def positive_int(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _port(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535, 0 picks a free one)")
-    return value
-
-
-def _seconds(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of seconds") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {raw}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--domains", type=positive_int, default=4, help="NVL72 domains to simulate (default 4 = 288 GPUs)")
     up.add_argument("--policy", choices=sorted(POLICIES), default=None, help="placement policy (default rackscale)")
     up.add_argument("--host", default=None, help="gateway bind address (default 127.0.0.1)")
-    up.add_argument("--port", type=_port, default=None, help="gateway port (default 8080; 0 picks a free one)")
+    up.add_argument("--port", type=port, default=None, help="gateway port (default 8080; 0 picks a free one)")
     up.add_argument("--nats-url", default=None, help="use this NATS server (default $RACKSCALE_NATS_URL or embedded)")
     up.add_argument("--redis-url", default=None, help="use this Redis (default $RACKSCALE_REDIS_URL or embedded)")
     up.add_argument("--log-level", default=None, type=str.upper, help="service logs (default WARNING)")
@@ -96,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--priority", type=int, default=None, help="-1000..1000 (default 0)")
     s.add_argument("--checkpointable", action="store_true", help="may be preempted with a checkpoint")
     s.add_argument("--exclusive", action="store_true", help="no other job on its nodes")
-    s.add_argument("--duration", type=_seconds, default=None, help="seconds a simulated agent runs it (default 60)")
-    s.add_argument("--expected-runtime", type=_seconds, default=None, help="your runtime estimate in seconds")
+    s.add_argument("--duration", type=seconds, default=None, help="seconds a simulated agent runs it (default 60)")
+    s.add_argument("--expected-runtime", type=seconds, default=None, help="your runtime estimate in seconds")
     s.add_argument("--on-node-failure", choices=("requeue", "fail"), default=None, help="(default requeue)")
     s.add_argument("--idempotency-key", default=None, help="a retry with the same key names the same job")
     s.add_argument("cmd", nargs="*", metavar="-- CMD", help="the command each rank runs (none: a simulated run)")

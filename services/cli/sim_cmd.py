@@ -1,10 +1,12 @@
 """`rackscale sim`: replay a trace on a modelled NVL72 fleet under several policies, side by side.
 
-    rackscale sim --trace ../shared/traces/philly --domains 32 --policy flat,tree,block,rackscale \\
+    rackscale sim --trace data/traces/philly --domains 32 --policy flat,tree,block,rackscale \\
                   --load 0.9 --seeds 1,2,3,4,5 --out out/philly-0.9
 
 Writes DIR/report.json, DIR/report.md and DIR/{occupancy,wait_cdf,free_runs}.png. Several --trace
-flags make a mix (each trace stretched onto the longest span, then merged). Run standalone with
+flags make a mix (each trace stretched onto the longest span, then merged). The repository carries the
+Philly and Kalos traces (data/traces/philly, data/traces/kalos); the Alibaba ones are not carried (no
+licence): give their folder, e.g. --trace "$RACKSCALE_TRACES/alibaba-openb". Run standalone with
 ``python -m services.cli.sim_cmd ...``.
 """
 
@@ -15,7 +17,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from services.cli.main import positive_int
+from services.cli.args import positive_int
 from shared.core import LEND_MIN_NODES, POLICIES
 
 DEFAULT_POLICIES = "flat,tree,block,rackscale"
@@ -72,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         required=True,
         metavar="PATH",
-        help="trace file or real-trace folder; repeat to mix traces (e.g. kalos and philly)",
+        help="trace file or real-trace folder (e.g. data/traces/philly, data/traces/kalos); repeat to mix traces",
     )
     p.add_argument(
         "--format",

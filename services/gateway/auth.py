@@ -35,7 +35,7 @@ from aiohttp.abc import AbstractAccessLogger
 from yarl import URL
 
 from services.gateway import dashboard
-from services.gateway.views import ErrorBody
+from shared.api import ErrorBody
 
 log = logging.getLogger("rackscale.gateway.auth")
 

@@ -11,8 +11,9 @@ from typing import Any
 
 import msgspec
 
-from services.gateway import dashboard, views
+from services.gateway import dashboard
 from services.gateway.auth import PUBLIC_PATHS, QUERY_TOKEN, SCHEME
+from shared import api
 from shared.schemas import JobBody, JobEvent, JobState, NodeChanged
 
 REF = "#/components/schemas/{name}"
@@ -20,15 +21,15 @@ API_VERSION = "1.0.0"
 
 _SCHEMA_TYPES: tuple[Any, ...] = (
     JobBody,
-    views.Accepted,
-    views.JobView,
-    views.JobList,
-    views.MigrationList,
-    views.ClusterView,
-    views.DrainBody,
-    views.NodeAdminResult,
-    views.ErrorBody,
-    views.Health,
+    api.Accepted,
+    api.JobView,
+    api.JobList,
+    api.MigrationList,
+    api.ClusterView,
+    api.DrainBody,
+    api.NodeAdminResult,
+    api.ErrorBody,
+    api.Health,
     JobEvent,
     NodeChanged,
 )

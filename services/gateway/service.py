@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
 
 import msgspec
@@ -26,15 +24,9 @@ from nats.aio.msg import Msg
 from services.gateway import auth, dashboard, openapi, views
 from services.gateway.auth import Principal, Tokens
 from services.gateway.metrics import cluster_metrics
-from services.gateway.validation import (
-    ApiError,
-    check_shape,
-    decode_job,
-    decode_json,
-    job_spec,
-    topology_from_nodes,
-)
-from shared.core import Topology, TopologyError
+from services.gateway.validation import ApiError, check_job, decode_job, decode_json
+from shared import api
+from shared.core import Topology
 from shared.metrics import metrics_response
 from shared.runtime import Deps, Service
 from shared.schemas import (
@@ -50,6 +42,7 @@ from shared.schemas import (
     NodeAdmin,
     NodeChanged,
 )
+from shared.topology_view import TopologyView
 
 log = logging.getLogger("rackscale.gateway")
 
@@ -65,7 +58,7 @@ DEFAULT_PAGE = 50
 SUBMIT_TOPOLOGY_MAX_AGE_S = 1.0
 SSE_QUEUE = 1024  # frames buffered per SSE client; a client further behind is disconnected (it reconnects)
 
-DRAIN_BODY = msgspec.json.Decoder(views.DrainBody)
+DRAIN_BODY = msgspec.json.Decoder(api.DrainBody)
 _json = msgspec.json.Encoder()
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -76,7 +69,7 @@ def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = 
 
 
 def error_response(status: int, error: str, field: str | None = None) -> web.Response:
-    return json_response(views.ErrorBody(error=error, field=field), status)
+    return json_response(api.ErrorBody(error=error, field=field), status)
 
 
 def api_error(e: ApiError) -> web.Response:
@@ -90,15 +83,6 @@ def idempotent_job_id(tenant: str, key: str) -> str:
 def _trace_parent(request: web.Request) -> dict[str, str] | None:
     tp = request.headers.get("traceparent")
     return {"traceparent": tp} if tp else None
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """The registered fleet at one topology generation (None: no node registered yet)."""
-
-    generation: int
-    topology: Topology | None
-    domain_of: dict[str, str]
 
 
 # What a user hears instead of another tenant's JobEvent: only that /v1/cluster changed (its GPUs show there as
@@ -141,36 +125,19 @@ class Gateway:
         self.deps = deps
         self.keepalive_s = keepalive_s
         self.admin_timeout_s = admin_timeout_s
-        self._snapshot: Snapshot | None = None
-        self._snapshot_lock = asyncio.Lock()
-        self._snapshot_checked = -float("inf")  # monotonic time `topo:gen` was last read
+        self.topology = TopologyView(deps.store)
         self._streams: set[_Stream] = set()
 
     # -- helpers ---------------------------------------------------------------------------------------
-    async def snapshot(self, max_age_s: float = 0.0) -> Snapshot:
-        """Topology of the registered nodes, rebuilt only when inventory bumped the generation; with
-        `max_age_s`, a registered topology's generation isn't asked again that soon."""
-        store = self.deps.store
-        mono = time.monotonic()
-        known = self._snapshot is not None and self._snapshot.topology is not None
-        if known and mono - self._snapshot_checked < max_age_s:
-            return self._snapshot
-        gen = await store.topology_generation()
-        self._snapshot_checked = mono
-        if self._snapshot is not None and self._snapshot.generation == gen:
-            return self._snapshot
-        async with self._snapshot_lock:
-            if self._snapshot is not None and self._snapshot.generation == gen:
-                return self._snapshot
-            # Read after the generation: at worst newer nodes are cached under an older number (rebuilt next time).
-            nodes = await store.nodes()
-            try:
-                topo = topology_from_nodes(nodes, gen)
-            except TopologyError:
-                log.exception("the registered nodes don't form a topology; validating statically")
-                topo = None
-            self._snapshot = Snapshot(gen, topo, {n.name: n.domain for n in nodes})
-            return self._snapshot
+    async def domain_of(self) -> Mapping[str, str]:
+        """Node name → NVLink domain of the registered nodes (what a job's allocation is shown with)."""
+        await self.topology.get()
+        return self.topology.domain_of
+
+    async def submit_topology(self, max_age_s: float = 0.0) -> Topology | None:
+        """The topology a submission is checked against: the queue's (None while no node is registered)."""
+        known = await self.topology.get(max_age_s)
+        return known[0] if known is not None else None
 
     def now(self) -> float:
         return self.deps.clock()
@@ -193,27 +160,26 @@ class Gateway:
                 return await self._resubmitted(existing, body)
         else:
             job_id = uuid.uuid4().hex
-        spec = job_spec(body, job_id)
-        error = check_shape(spec, (await self.snapshot(SUBMIT_TOPOLOGY_MAX_AGE_S)).topology)
-        if error is not None:
-            error = check_shape(spec, (await self.snapshot()).topology)
-        if error is not None:
-            return api_error(error)
+        checked = check_job(body, job_id, await self.submit_topology(SUBMIT_TOPOLOGY_MAX_AGE_S))
+        if isinstance(checked, ApiError):
+            checked = check_job(body, job_id, await self.submit_topology())
+        if isinstance(checked, ApiError):
+            return api_error(checked)
         msg = JobSubmitted(job_id=job_id, spec=body, submitted_at=self.now())
         attrs = {"rackscale.job_id": job_id, "rackscale.tenant": body.tenant, "rackscale.gpus": body.gpus}
         # The job's trace starts here (or continues the client's traceparent); the queue keeps it in JobRecord.
         with self.deps.tracer.span("gateway.submit", _trace_parent(request), attrs):
             hdrs = self.deps.tracer.headers()
             await self.deps.bus.publish(self.deps.names.job_submit, msg, msg_id=job_id, headers=hdrs)
-        accepted = views.Accepted(id=job_id, state=JobState.PENDING.value)
+        accepted = api.Accepted(id=job_id, state=JobState.PENDING.value)
         return json_response(accepted, 202, headers={"Location": f"/v1/jobs/{job_id}"})
 
     async def _resubmitted(self, rec: JobRecord, body: JobBody) -> web.Response:
         if rec.spec != body:
             # IETF draft-ietf-httpapi-idempotency-key-header: a reused key with another payload is a 422
             return error_response(422, "Idempotency-Key was already used for a different job", "Idempotency-Key")
-        snap = await self.snapshot()
-        return json_response(views.job_view(rec, snap.domain_of), 200, headers={"Location": f"/v1/jobs/{rec.id}"})
+        view = views.job_view(rec, await self.domain_of())
+        return json_response(view, 200, headers={"Location": f"/v1/jobs/{rec.id}"})
 
     async def _visible_job(self, request: web.Request) -> tuple[str, JobRecord | None]:
         """The job named in the path, or None when it doesn't exist or belongs to a tenant the caller can't see."""
@@ -227,8 +193,7 @@ class Gateway:
         job_id, rec = await self._visible_job(request)
         if rec is None:
             return error_response(404, f"unknown job {job_id}")
-        snap = await self.snapshot()
-        return json_response(views.job_view(rec, snap.domain_of))
+        return json_response(views.job_view(rec, await self.domain_of()))
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         q = request.query
@@ -246,12 +211,12 @@ class Gateway:
         who = auth.principal(request)
         if not who.admin:
             if tenant is not None and tenant != who.tenant:
-                return json_response(views.JobList(jobs=[], total=0, **page))  # nothing of theirs is visible
+                return json_response(api.JobList(jobs=[], total=0, **page))  # nothing of theirs is visible
             tenant = who.tenant
         recs, total = await self.deps.store.list_jobs(tenant=tenant, state=state, **page)
-        snap = await self.snapshot()
-        jobs = [views.job_view(r, snap.domain_of) for r in recs]
-        return json_response(views.JobList(jobs=jobs, total=total, **page))
+        domain_of = await self.domain_of()
+        jobs = [views.job_view(r, domain_of) for r in recs]
+        return json_response(api.JobList(jobs=jobs, total=total, **page))
 
     async def list_migrations(self, request: web.Request) -> web.Response:
         """GET /v1/migrations: moves, newest first; users see only their tenant's."""
@@ -263,12 +228,12 @@ class Gateway:
         who = auth.principal(request)
         if not who.admin:
             if tenant is not None and tenant != who.tenant:
-                return json_response(views.MigrationList(migrations=[], total=0, **page))
+                return json_response(api.MigrationList(migrations=[], total=0, **page))
             tenant = who.tenant
         recs, total = await self.deps.store.list_migrations(tenant=tenant, job_id=q.get("job") or None, **page)
-        snap = await self.snapshot()
-        moves = [views.migration_view(r, snap.domain_of) for r in recs]
-        return json_response(views.MigrationList(migrations=moves, total=total, **page))
+        domain_of = await self.domain_of()
+        moves = [views.migration_view(r, domain_of) for r in recs]
+        return json_response(api.MigrationList(migrations=moves, total=total, **page))
 
     async def cancel(self, request: web.Request) -> web.Response:
         # A job the queue hasn't recorded yet is unknown here: cancel after the submit is visible.
@@ -282,7 +247,7 @@ class Gateway:
         with self.deps.tracer.span("gateway.cancel", parent, {"rackscale.job_id": job_id}):
             hdrs = self.deps.tracer.headers()
             await self.deps.bus.publish(self.deps.names.job_cancel, msg, msg_id=f"{job_id}:cancel", headers=hdrs)
-        return json_response(views.Accepted(id=job_id, state="cancelling"), 202)
+        return json_response(api.Accepted(id=job_id, state="cancelling"), 202)
 
     # -- cluster and nodes -----------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:
@@ -311,7 +276,7 @@ class Gateway:
         if not auth.principal(request).admin:
             return error_response(403, f"only an admin token may {action} nodes")
         data = await request.read()
-        body: views.DrainBody | ApiError = views.DrainBody()
+        body: api.DrainBody | ApiError = api.DrainBody()
         if data.strip():
             body = decode_json(data, DRAIN_BODY)
         if isinstance(body, ApiError):
@@ -327,7 +292,7 @@ class Gateway:
             log.error("unreadable AdminReply for %s %s: %r", action, node, raw[:200])
             return error_response(503, "inventory sent an unreadable reply")
         if reply.ok:
-            return json_response(views.NodeAdminResult(node=node, state=reply.state))
+            return json_response(api.NodeAdminResult(node=node, state=reply.state))
         # Contract with inventory (issue #3): an unknown node is reported as "unknown node X".
         if reply.error.startswith("unknown node"):
             return error_response(404, reply.error)
@@ -387,7 +352,7 @@ class Gateway:
 
     # -- meta ------------------------------------------------------------------------------------------
     async def healthz(self, request: web.Request) -> web.Response:
-        return json_response(views.Health(status="ok"))
+        return json_response(api.Health(status="ok"))
 
     async def readyz(self, request: web.Request) -> web.Response:
         nats_ok = self.deps.bus.nc.is_connected
@@ -397,7 +362,7 @@ class Gateway:
             redis_ok = False
         ok = nats_ok and redis_ok
         return json_response(
-            views.Health(status="ok" if ok else "unavailable", nats=nats_ok, redis=redis_ok), 200 if ok else 503
+            api.Health(status="ok" if ok else "unavailable", nats=nats_ok, redis=redis_ok), 200 if ok else 503
         )
 
     async def metrics(self, request: web.Request) -> web.Response:

@@ -3,23 +3,22 @@
 Two stages, both before anything touches the bus:
 1. Syntax and types: `schemas.JOB_BODY_JSON` (strict: unknown fields rejected). Unparseable JSON or a
    non-object → 400; anything else → 422 naming the field from msgspec's error path.
-2. Semantics: `shared.core.shape.request` against the registered topology, so the API and the scheduler
-   use the same words. ShapeError fields are mapped onto the body's JSON paths ("segment" →
-   "topology.segment").
+2. Semantics: `shared.core.shape.request` against the registered topology (`shared.topology_view`, the
+   one the queue schedules on), so the API and the scheduler give the same verdict in the same words.
+   ShapeError fields are mapped onto the body's JSON paths ("segment" → "topology.segment").
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
 
-from shared.core import JobSpec, Need, NodeSpec, ShapeError, Topology, TopologyError, request
+from shared.core import JobSpec, Need, ShapeError, Topology, request
 from shared.jobs import job_spec
-from shared.schemas import JOB_BODY_JSON, JobBody, NodeRecord
+from shared.schemas import JOB_BODY_JSON, JobBody
 
 T = TypeVar("T")
 
@@ -101,8 +100,11 @@ def static_checks(spec: JobSpec) -> None:
             raise ShapeError("segment", f"{nodes} nodes is not a multiple of segment {spec.segment}")
 
 
-def check_shape(spec: JobSpec, topology: Topology | None) -> ApiError | None:
-    """Stage 2: semantic checks; `topology` None means no node is registered yet (static checks only)."""
+def check_job(body: JobBody, job_id: str, topology: Topology | None) -> JobSpec | ApiError:
+    """Stage 2: the body's JobSpec, or the 422 naming the field when its shape can never be placed on
+    `topology` (the one the queue schedules on, `shared.topology_view`); None means no node is registered
+    yet (static checks only)."""
+    spec = job_spec(body, job_id)
     try:
         if topology is None:
             static_checks(spec)
@@ -111,33 +113,4 @@ def check_shape(spec: JobSpec, topology: Topology | None) -> ApiError | None:
     except ShapeError as e:
         field = body_field(e.field)
         return ApiError(422, f"{field}: {e.message}", field)
-    return None
-
-
-def validate_job(data: bytes, topology: Topology | None, job_id: str = "new") -> tuple[JobBody, JobSpec] | ApiError:
-    """Both stages: the decoded body and its JobSpec, or the error to answer with."""
-    body = decode_job(data)
-    if isinstance(body, ApiError):
-        return body
-    spec = job_spec(body, job_id)
-    error = check_shape(spec, topology)
-    return error if error is not None else (body, spec)
-
-
-def topology_from_nodes(nodes: Iterable[NodeRecord], generation: int = 0) -> Topology | None:
-    """The registered fleet as a core Topology (every node, whatever its health: a job may wait for a node).
-
-    Levels: domain (NodeRecord.domain) > clique ("{domain}.{clique}"), with a leaf level above when every
-    node reports one. None when no node is registered.
-    """
-    recs = list(nodes)
-    if not recs:
-        return None
-    base = [NodeSpec(r.name, r.gpus, (r.domain, f"{r.domain}.{r.clique}")) for r in recs]
-    if all(r.leaf for r in recs):
-        try:
-            specs = [NodeSpec(s.name, s.gpus, (str(r.leaf), *s.groups)) for s, r in zip(base, recs, strict=True)]
-            return Topology(("leaf", "domain", "clique"), specs, generation=generation)
-        except TopologyError:
-            pass  # inconsistent leaves (a domain under two): validate without the leaf level
-    return Topology(("domain", "clique"), base, generation=generation)
+    return spec

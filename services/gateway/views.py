@@ -1,161 +1,24 @@
-"""What the API returns: msgspec Structs (encoded with msgspec.json, described in /openapi.json) and the
-functions that build them from the Redis records."""
+"""What the API returns, built from the Redis records: the bodies of `shared.api` (encoded with msgspec.json,
+described in /openapi.json)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Annotated
 
-import msgspec
-
+from shared.api import (
+    AllocationView,
+    ClusterView,
+    DomainView,
+    GpuView,
+    JobView,
+    MigrationView,
+    NodeView,
+    Placed,
+    Utilisation,
+)
 from shared.picture import gpu_cell
-from shared.schemas import AllocationRecord, JobRecord, JobState, MigrationRecord, NodeGpus, NodeRecord, TopologyBody
-
-
-class ErrorBody(msgspec.Struct, kw_only=True):
-    """Every 4xx/5xx answer. `field` is the dotted path of the offending input, when there is one."""
-
-    error: str
-    field: str | None = None
-
-
-class Accepted(msgspec.Struct, kw_only=True):
-    id: str
-    state: str
-
-
-class DrainBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Optional body of POST /v1/nodes/{id}/drain and /undrain."""
-
-    reason: Annotated[str, msgspec.Meta(max_length=512)] = ""
-
-
-class NodeAdminResult(msgspec.Struct, kw_only=True):
-    node: str
-    state: str
-
-
-class Placed(msgspec.Struct, kw_only=True):
-    """GPUs of one node held by a job, with the node's NVLink domain."""
-
-    domain: str
-    node: str
-    gpus: list[int]
-
-
-class JobView(msgspec.Struct, kw_only=True):
-    """A job as stored by the queue (JobRecord), kept after it ends."""
-
-    id: str
-    name: str
-    tenant: str
-    state: JobState
-    reason: str  # why it is pending (or how it ended)
-    gpus: int
-    gpus_per_node: int | None
-    topology: TopologyBody
-    priority: int
-    exclusive: bool
-    checkpointable: bool
-    allocation: list[Placed]
-    submitted_at: float
-    started_at: float | None
-    ended_at: float | None
-    updated_at: float
-    attempt: int
-    exit_codes: dict[str, int]  # "node/rank" → exit code
-    trace_id: str = ""  # the job's trace (32 hex digits; "" when the submit carried none), for a Jaeger link
-
-
-class JobList(msgspec.Struct, kw_only=True):
-    jobs: list[JobView]
-    total: int  # jobs matching the filters
-    offset: int
-    limit: int
-
-
-class MigrationView(msgspec.Struct, kw_only=True):
-    """One move the migration service made (or an evacuation requeue: `to` is empty), and why."""
-
-    id: str
-    job_id: str
-    tenant: str
-    kind: str  # evacuate | defrag | rebalance
-    why: str
-    state: str  # requested | checkpointing | restoring | done | requeued | rolled_back
-    attempt: int  # the job attempt moved; it restores as attempt + 1
-    source: list[Placed] = msgspec.field(name="from")
-    to: list[Placed]
-    created_at: float
-    updated_at: float
-    steps: dict[str, float]  # step → time: requested, checkpointing, restoring, placed, running, done, ...
-    took_s: float | None  # requested → its final state
-    error: str
-    cost_gpu_s: float  # the planner's estimate (checkpoint + restore time x GPUs)
-    gain_gpu_s: float
-
-
-class MigrationList(msgspec.Struct, kw_only=True):
-    migrations: list[MigrationView]
-    total: int
-    offset: int
-    limit: int
-
-
-class GpuView(msgspec.Struct, kw_only=True):
-    index: int
-    health: str  # ok | degraded | down
-    job: str | None  # owning job id
-    # what the GPU shows (shared.picture.gpu_cell): free | job | down | draining | degraded; absent from older gateways
-    cell: str = "free"
-
-
-class Utilisation(msgspec.Struct, kw_only=True):
-    """`healthy`: GPUs not down on nodes not down; `busy`: GPUs held by a job; ratio: busy healthy / healthy."""
-
-    total: int
-    healthy: int
-    busy: int
-    ratio: float
-
-
-class NodeView(msgspec.Struct, kw_only=True):
-    name: str
-    state: str  # up | draining | down
-    drained: bool
-    reason: str
-    clique: int
-    leaf: str | None
-    backend: str
-    last_heartbeat: float
-    gpus: list[GpuView]
-
-
-class DomainView(msgspec.Struct, kw_only=True):
-    name: str
-    nodes: list[NodeView]
-    utilisation: Utilisation
-
-
-class AllocationView(msgspec.Struct, kw_only=True):
-    job_id: str
-    attempt: int
-    committed_at: float
-    nodes: list[Placed]
-
-
-class ClusterView(msgspec.Struct, kw_only=True):
-    generation: int  # topology generation (bumped on every inventory change)
-    domains: list[DomainView]
-    allocations: list[AllocationView]
-    utilisation: Utilisation
-
-
-class Health(msgspec.Struct, kw_only=True):
-    status: str
-    nats: bool | None = None
-    redis: bool | None = None
+from shared.schemas import AllocationRecord, JobRecord, MigrationRecord, NodeGpus, NodeRecord
 
 
 def placed(nodes: Iterable[NodeGpus], domain_of: Mapping[str, str]) -> list[Placed]:

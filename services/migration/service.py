@@ -52,6 +52,8 @@ from shared.core import ClusterState, Health, JobSpec, get_policy
 from shared.core.migration import MigrationBudget, Movable, Move, plan_defrag, plan_evacuation
 from shared.core.rebalance import HeatSums, offsets_from_sums, plan_rebalance
 from shared.core.topology import GpuState, NodeState
+from shared.held import occupy, occupy_held, reserved_domains
+from shared.jobs import record_spec
 from shared.metrics import MigrationMetrics
 from shared.runtime import Deps, Service
 from shared.schemas import (
@@ -71,7 +73,7 @@ from shared.schemas import (
     Telemetry,
     encode,
 )
-from shared.snapshot import TopologyView, job_spec, occupy, occupy_held, reserved_domains
+from shared.topology_view import TopologyView
 
 log = logging.getLogger("rackscale.migration")
 
@@ -355,7 +357,7 @@ class MigrationService(Service):
     def _movable(self, jobs: Mapping[str, JobRecord], busy: set[str]) -> dict[str, Movable]:
         s = self.deps.settings
         return {
-            j.id: Movable(job_spec(j), s.checkpoint_s, s.restore_s)
+            j.id: Movable(record_spec(j), s.checkpoint_s, s.restore_s)
             for j in jobs.values()
             if j.state is JobState.RUNNING and j.spec.checkpointable and j.id not in busy
         }
@@ -423,7 +425,7 @@ class MigrationService(Service):
                 occupy(state, j.id, j.allocation, j, now, preemptible=False)
         budget = self._budget(now)
         order: list[JobSpec] = [
-            job_spec(j) for j in sorted(pending, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
+            record_spec(j) for j in sorted(pending, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
         ]
         promised = await self._promised(topo, {j.id for j in pending})
         plan = plan_defrag(state, order, self._movable(jobs, busy), self.policy, budget, now, promised=promised)

@@ -34,6 +34,8 @@ import msgspec
 from services.queue.view import HeldView
 from shared.bus import Outgoing, Retry
 from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
+from shared.held import HeldState, occupy, reserved_domains
+from shared.jobs import record_spec
 from shared.runtime import Deps, Service
 from shared.schemas import (
     EVENTS,
@@ -61,9 +63,9 @@ from shared.schemas import (
     ReleaseOrder,
     Reservations,
 )
-from shared.snapshot import UNPREEMPTIBLE, HeldState, TopologyView, job_spec, occupy, reserved_domains
 from shared.store import CHANGES_LISTED
 from shared.tenants import tenants_from_settings
+from shared.topology_view import TopologyView
 
 log = logging.getLogger("rackscale.queue")
 
@@ -71,7 +73,6 @@ INFLIGHT_TIMEOUT_S = 15.0  # an order with no answer this long is decided again 
 LEASE_S = 5.0
 TOPOLOGY_MAX_AGE_S = 1.0  # a kicked cycle's topology may lag inventory this long (NodeChanged events cut it)
 ANNOUNCED_KEPT = 10_000  # placed events remembered as published (so the running event needn't repeat them)
-__all__ = ["UNPREEMPTIBLE", "QueueService", "job_spec", "occupy"]
 
 
 def _trace(rec: JobRecord) -> dict[str, str] | None:
@@ -582,7 +583,7 @@ class QueueService(Service):
                     continue
                 await self._expire_inflight(rec, now)
                 continue
-            pending.append(job_spec(rec))
+            pending.append(record_spec(rec))
         if not pending:
             return
         if not self._taken_over:

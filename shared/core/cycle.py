@@ -459,7 +459,7 @@ class _Cycle:
                 if t == INF:
                     return _UNKNOWN  # jobs with no expected end never free their nodes in a forecast
                 if t >= until:
-                    return None  # jobs with no expected end never free their nodes in a forecast
+                    return None  # no fit before `until`: the caller's search stops there
                 touched: set[int] = set()
                 while i < len(events) and events[i][0] == t:
                     _, kind, ref = events[i]

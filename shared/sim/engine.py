@@ -3,7 +3,7 @@
 One `ClusterState` lives for the whole run. Events (job arrivals, job ends, node failures and repairs)
 are processed in time order; every event at one timestamp is applied first, then — only if something
 changed that could start a job (an arrival, an end, a repair, a requeue) and jobs are waiting — one
-`Scheduler.cycle` runs over the whole pending list, exactly as the placement service calls it. Its
+`Scheduler.cycle` runs over the whole pending list, exactly as the queue service calls it. Its
 decisions are applied as they are:
 
 - `Allocate`: the cycle already left the allocation in the state, with ``expected_end = now + estimate``;

@@ -22,10 +22,10 @@ from services.agent.faults import parse_plan
 from services.agent.fleet import AgentFleet, sim_fleet
 from services.agent.service import AgentService
 from services.inventory.service import InventoryService
-from services.inventory.topology import topology_from_records
 from shared.core.topology import GpuState
 from shared.schemas import ADMIN_REPLY, Fault, GpuSample, NodeAdmin, NodeChanged, Telemetry, encode
 from shared.settings import Settings
+from shared.topology_view import topology_from_records
 from tests.integration.test_inventory import (
     DEAD_LETTERS,
     FakeClock,

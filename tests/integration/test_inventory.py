@@ -25,7 +25,6 @@ from nats.js.errors import NotFoundError
 from services.agent.backends import SimBackend
 from services.agent.service import AgentService
 from services.inventory.service import InventoryService
-from services.inventory.topology import topology_from_records
 from shared.bus import Bus
 from shared.core.topology import GpuState, NodeState
 from shared.names import Names
@@ -45,6 +44,7 @@ from shared.schemas import (
 )
 from shared.settings import Settings
 from shared.store import Store
+from shared.topology_view import topology_from_records
 from shared.tracing import noop_tracer
 from tests import streams
 

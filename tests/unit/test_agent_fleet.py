@@ -6,9 +6,9 @@ import pytest
 
 from services.agent.fleet import sim_fleet
 from services.inventory.service import ReportError, record_from_register
-from services.inventory.topology import topology_from_records
 from shared.core.topology import GpuState, NodeState, Topology, TopologyError
 from shared.schemas import AgentRegister, GpuReport, NodeRecord
+from shared.topology_view import topology_from_records
 
 
 def test_fleet_names_match_uniform() -> None:

@@ -14,7 +14,8 @@ from yarl import URL
 from services.cli.cluster import cluster_state
 from services.gateway import dashboard
 from services.gateway.auth import AccessLog, redacted
-from services.gateway.views import ClusterView, cluster_view, trace_id
+from services.gateway.views import cluster_view, trace_id
+from shared.api import ClusterView
 from shared.picture import SYMBOLS, Cell, gpu_cell, job_letters, render
 from shared.schemas import AllocationRecord, NodeGpus, NodeRecord
 

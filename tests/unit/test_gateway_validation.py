@@ -6,6 +6,11 @@ Topology for the semantic checks (levels outermost first; index 0 is the synthet
                 +----------------------+----------------------+
                 | d00: 18 nodes x 4    | d01: 18 nodes x 4    |    36 nodes, 144 GPUs
                 +----------------------+----------------------+
+
+The same verdict as the queue's, on fleets registered by inventory (`shared.topology_view`):
+
+    leafy       leaf s1 > r1 (18 nodes)   leaf s2 > r2 (18 nodes)         a leaf level above the domains
+    partial     leaf s1 > r1 (18 nodes)   (no leaf) r2 (18 nodes)         the leaf level can't form: dropped
 """
 
 from __future__ import annotations
@@ -20,14 +25,16 @@ import pytest
 
 from services.gateway import openapi
 from services.gateway.service import build_app, idempotent_job_id
-from services.gateway.validation import ApiError, error_field, topology_from_nodes, validate_job
+from services.gateway.validation import ApiError, check_job, decode_job, error_field
 from shared.bus import Bus
-from shared.core import Need, Topology
+from shared.core import ClusterState, CycleConfig, JobSpec, Need, Pending, PendingCode, Scheduler, Topology
+from shared.jobs import job_spec
 from shared.names import Names
 from shared.runtime import Deps
 from shared.schemas import JOB_BODY_JSON, JobBody, NodeRecord
 from shared.settings import Settings
 from shared.store import Store
+from shared.topology_view import topology_from_records
 from shared.tracing import noop_tracer
 
 NVL72x2 = Topology.uniform(2)
@@ -43,6 +50,15 @@ def body(**changes: Any) -> bytes:
         else:
             doc[k] = v
     return json.dumps(doc).encode()
+
+
+def validate(data: bytes, topo: Topology | None, job_id: str = "new") -> tuple[JobBody, JobSpec] | ApiError:
+    """Both stages, as the gateway's submit runs them."""
+    body = decode_job(data)
+    if isinstance(body, ApiError):
+        return body
+    spec = check_job(body, job_id, topo)
+    return spec if isinstance(spec, ApiError) else (body, spec)
 
 
 @dataclass(frozen=True)
@@ -144,7 +160,7 @@ BAD = [
 
 @pytest.mark.parametrize("case", BAD, ids=lambda c: c.id)
 def test_validation_error(case: Bad) -> None:
-    result = validate_job(case.data, case.topo)
+    result = validate(case.data, case.topo)
     assert isinstance(result, ApiError), f"accepted: {result}"
     assert (result.status, result.field) == (case.status, case.field)
     assert case.phrase in result.error
@@ -166,7 +182,7 @@ def test_validation_error(case: Bad) -> None:
     ],
 )
 def test_valid(data: bytes, topo: Topology | None) -> None:
-    result = validate_job(data, topo)
+    result = validate(data, topo)
     assert not isinstance(result, ApiError), result
     job, spec = result
     assert job == JOB_BODY_JSON.decode(data)
@@ -188,7 +204,7 @@ def test_job_spec_carries_the_body() -> None:
         duration_s=30,
         topology={"nvlink": "preferred", "segment": 2, "level": "domain"},
     )
-    result = validate_job(data, NVL72x2, job_id="j1")
+    result = validate(data, NVL72x2, job_id="j1")
     assert not isinstance(result, ApiError)
     _, spec = result
     assert spec.id == "j1" and spec.nvlink is Need.PREFERRED and spec.segment == 2 and spec.level == "domain"
@@ -216,16 +232,68 @@ def _node(name: str, domain: str, clique: int = 0, leaf: str | None = None) -> N
     return NodeRecord(name=name, domain=domain, clique=clique, leaf=leaf)
 
 
-def test_topology_from_nodes() -> None:
-    assert topology_from_nodes([]) is None
-    topo = topology_from_nodes([_node("a", "r1"), _node("b", "r1", 1), _node("c", "r2")], generation=7)
-    assert topo is not None and topo.levels == ("cluster", "domain", "clique") and topo.generation == 7
+def _fleet(leaves: tuple[str | None, str | None]) -> list[NodeRecord]:
+    """Two NVL72 racks r1, r2 of 18 nodes in two cliques of 9; each rack under the leaf given for it."""
+    return [
+        _node(f"{rack}-n{i:02d}", rack, i // 9, leaf=leaf)
+        for rack, leaf in zip(("r1", "r2"), leaves, strict=True)
+        for i in range(18)
+    ]
+
+
+FLEETS = {"leafy": _fleet(("s1", "s2")), "partial": _fleet(("s1", None))}
+
+
+def test_topology_from_records_levels() -> None:
+    topo, _ = topology_from_records([_node("a", "r1"), _node("b", "r1", 1), _node("c", "r2")], generation=7)
+    assert topo.levels == ("cluster", "domain", "clique") and topo.generation == 7
     assert topo.group_names[topo.domain] == ("r1", "r2")
     assert topo.group_names[topo.level("clique")] == ("r1.0", "r1.1", "r2.0")
-    leafy = topology_from_nodes([_node("a", "r1", leaf="s1"), _node("c", "r2", leaf="s2")])
-    assert leafy is not None and leafy.levels == ("cluster", "leaf", "domain", "clique")
-    mixed = topology_from_nodes([_node("a", "r1", leaf="s1"), _node("c", "r2")])
-    assert mixed is not None and "leaf" not in mixed.levels
+    leafy, _ = topology_from_records(FLEETS["leafy"])
+    assert leafy.levels == ("cluster", "leaf", "domain", "clique")
+    partial, _ = topology_from_records(FLEETS["partial"])
+    assert "leaf" not in partial.levels and partial.group_names[partial.domain] == ("r1", "r2")
+    split, _ = topology_from_records([_node("a", "r1", leaf="s1"), _node("b", "r1", leaf="s2")])
+    assert "leaf" not in split.levels  # one domain under two leaves: no leaf level either
+
+
+def _queue_verdict(data: bytes, topo: Topology) -> str | None:
+    """What the queue's cycle says of the job on `topo`: the invalid-shape reason, or None (placed or waiting)."""
+    body = JOB_BODY_JSON.decode(data)
+    result = Scheduler(CycleConfig()).cycle(ClusterState(topo), [job_spec(body, "j")], 0.0)
+    invalid = [d for d in result.decisions if isinstance(d, Pending) and d.code is PendingCode.INVALID]
+    return invalid[0].reason if invalid else None
+
+
+@pytest.mark.parametrize("fleet", sorted(FLEETS))
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(body(gpus=64), id="one-domain"),
+        pytest.param(body(gpus=72, topology={"level": "leaf"}), id="whole-leaf"),
+        pytest.param(body(gpus=128, topology={"segment": 16}), id="segments"),
+        pytest.param(body(gpus=80), id="required-bigger-than-domain"),
+        pytest.param(body(gpus=80, topology={"segment": 20}), id="segment-bigger-than-domain"),
+        pytest.param(body(gpus=40, topology={"level": "clique"}), id="bigger-than-clique"),
+        pytest.param(body(gpus=200, topology={"nvlink": "none"}), id="bigger-than-fleet"),
+    ],
+)
+def test_gateway_gives_the_queues_verdict(fleet: str, data: bytes) -> None:
+    topo, _ = topology_from_records(FLEETS[fleet])
+    gateway = validate(data, topo)
+    queue = _queue_verdict(data, topo)
+    if isinstance(gateway, ApiError):
+        assert queue is not None, f"the gateway refuses what the queue would schedule: {gateway.error}"
+        assert gateway.error.split(": ", 1)[1] in queue  # the same words
+    else:
+        assert queue is None, f"the gateway accepts what the queue can never place: {queue}"
+
+
+def test_a_leaf_level_is_validated_only_where_it_exists() -> None:
+    whole_leaf = body(gpus=72, topology={"level": "leaf"})
+    assert not isinstance(validate(whole_leaf, topology_from_records(FLEETS["leafy"])[0]), ApiError)
+    refused = validate(whole_leaf, topology_from_records(FLEETS["partial"])[0])
+    assert isinstance(refused, ApiError) and refused.field == "topology.level"
 
 
 def test_idempotent_job_id_is_stable_per_tenant_and_key() -> None:

@@ -1,4 +1,4 @@
-"""The queue's cycle state kept between cycles (`shared.snapshot.HeldState`) against `occupy_held` from scratch.
+"""The queue's cycle state kept between cycles (`shared.held.HeldState`) against `occupy_held` from scratch.
 
 A random walk over what the queue's views hold (allocations, job records, ended jobs, topology and health)
 syncs one HeldState at every step and compares it with `occupy_held` on a fresh copy of the same empty state:
@@ -15,8 +15,8 @@ import pytest
 
 from shared.core import ClusterState, Topology
 from shared.core.topology import GpuState, Health, NodeState
+from shared.held import HeldState, occupy_held
 from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, MoveTicket, NodeGpus
-from shared.snapshot import HeldState, occupy_held
 
 TOPO = Topology.uniform(3, nodes_per_domain=4, gpus_per_node=4)
 

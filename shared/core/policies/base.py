@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from shared.core.shape import Need, Request
+from shared.core.shape import Request
 from shared.core.state import Allocation, ClusterState
 
 
@@ -279,7 +279,3 @@ def fewest_groups(pk: Picker, level: int, key_extra: Sequence[int] | None = None
         need -= cap
         i += 1
     return out
-
-
-def is_spill(req: Request) -> bool:
-    return not req.slices and req.need is not Need.REQUIRED

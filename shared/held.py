@@ -1,37 +1,27 @@
-"""The core's view of the running system, read from Redis: topology, health and who holds which GPUs.
+"""Who holds which GPUs, as the core's ClusterState: placement's allocations and the queue's job records.
 
 The queue builds its scheduling cycle's state here and the migration service plans moves on the very same
-view, so both see one truth: inventory's node records become the topology (cached per `topo:gen`),
-placement's allocations and the queue's job records the held GPUs.
+view, so both see one truth; the topology under it comes from `shared.topology_view`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from services.inventory.topology import topology_from_records
-from shared.core import ClusterState, JobSpec
+from shared.core import ClusterState, Topology
 from shared.core.state import Allocation as CoreAllocation
 from shared.core.state import indices_mask
-from shared.jobs import job_spec as spec_of
+from shared.jobs import record_spec
 from shared.schemas import AllocationRecord, JobRecord, JobState, NodeGpus, Reservations
-from shared.store import Store
 
-log = logging.getLogger("rackscale.snapshot")
+log = logging.getLogger("rackscale.held")
 
 # GPUs nobody may take back by preemption (an order on its way, a commit not yet seen as placed, a move in
 # progress) go into the state above every real priority, so the core never picks them as victims
 UNPREEMPTIBLE = 1 << 30
 MOVE_SUFFIX = ">move"  # allocation id of a migrating job's target GPUs in a cycle's state
-
-
-def job_spec(rec: JobRecord) -> JobSpec:
-    """The core's view of a job record."""
-    return spec_of(rec.spec, rec.id, rec.submitted_at)
 
 
 def occupy(
@@ -50,7 +40,7 @@ def occupy(
     if any(i is None for i in idx):
         log.warning("job %s holds GPUs on nodes unknown to inventory: %s", job_id, nodes)
         return True
-    spec = job_spec(rec) if rec is not None else None
+    spec = record_spec(rec) if rec is not None else None
     runtime = spec.expected_runtime_s if spec is not None and spec.expected_runtime_s is not None else 3600.0
     start = rec.started_at if rec is not None and rec.started_at else now
     free = state.free
@@ -78,7 +68,7 @@ def occupy(
     return whole
 
 
-def reserved_domains(memory: Reservations, topo: Any) -> dict[str, frozenset[int]]:
+def reserved_domains(memory: Reservations, topo: Topology) -> dict[str, frozenset[int]]:
     """The queue leader's reservations (`Reservations.domains`, by name) as NVLink domain indices of `topo`:
     `Scheduler.promised` for a new leader, `plan_defrag(promised=)` for the migration planner. Domains this
     topology doesn't know are dropped."""
@@ -287,56 +277,3 @@ class HeldState:
         for key, want in wanted.items():
             overlap |= not self._put(state, key, want, now)
         self._base, self._state, self._overlap = base, state, overlap
-
-
-class TopologyView:
-    """The core's topology and health from inventory's records, rebuilt only when `topo:gen` moves.
-
-    `get(max_age_s=...)` skips asking for `topo:gen` when it was asked that recently and `invalidate` wasn't
-    called since (a reader that hears inventory's NodeChanged events calls it): a decision on a view that
-    lags a change by that much is caught by the commit script (node not up) and decided again."""
-
-    def __init__(self, store: Store, clock: Callable[[], float] = time.monotonic) -> None:
-        self.store = store
-        self.clock = clock
-        self._cache: tuple[int, Any] | None = None
-        self._empty: tuple[int, ClusterState] | None = None
-        self._checked_at: float | None = None
-
-    def invalidate(self) -> None:
-        self._checked_at = None
-
-    @property
-    def generation(self) -> int:
-        """`topo:gen` of the view the last `get` returned (-1 before any)."""
-        return self._cache[0] if self._cache is not None else -1
-
-    async def get(self, max_age_s: float = 0.0) -> tuple[Any, Any] | None:
-        """(Topology, Health), or None until a node registers."""
-        now = self.clock()
-        if self._cache is not None and self._checked_at is not None and now - self._checked_at < max_age_s:
-            return self._cache[1]
-        gen = await self.store.topology_generation()
-        self._checked_at = now
-        if self._cache is None or self._cache[0] != gen:
-            records = await self.store.nodes()
-            self._cache = (gen, topology_from_records(records, generation=gen) if records else None)
-        return self._cache[1]
-
-    def last(self) -> tuple[Any, Any] | None:
-        """What `get` returned last, without asking the store whether it is current (for lookups that may lag
-        a topology change, such as which domain a node is in)."""
-        return self._cache[1] if self._cache is not None else None
-
-    def empty_state(self) -> ClusterState:
-        """A fresh ClusterState of the view `get` last returned (no allocations): a copy of `base_state`."""
-        return self.base_state().copy()
-
-    def base_state(self) -> ClusterState:
-        """The ClusterState of the view `get` last returned, with no allocations: built once per generation,
-        since building one costs milliseconds at 64 domains. Shared: copy it before changing it."""
-        assert self._cache is not None and self._cache[1] is not None, "get() returned no topology yet"
-        gen, (topo, health) = self._cache
-        if self._empty is None or self._empty[0] != gen:
-            self._empty = (gen, ClusterState(topo, health))
-        return self._empty[1]

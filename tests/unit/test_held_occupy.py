@@ -1,4 +1,4 @@
-"""How the queue puts held GPUs into the cycle's state (`services.queue.service.occupy`).
+"""How the queue and the migration service put held GPUs into a cycle's state (`shared.held.occupy`).
 
 One domain of 2 nodes x 4 GPUs. A priority-0 job holds node n00; a priority-10 job needs both nodes:
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.queue.service import occupy
 from shared.core import Allocate, ClusterState, CycleConfig, Preempt, Scheduler, Topology
+from shared.held import occupy
 from shared.jobs import job_spec
 from shared.schemas import JobBody, JobRecord, JobState, NodeGpus
 

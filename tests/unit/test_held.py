@@ -1,4 +1,4 @@
-"""The view the queue's cycle and the migration service plan on (`shared.snapshot.occupy_held`).
+"""The view the queue's cycle and the migration service plan on (`shared.held.occupy_held`).
 
 One domain of 3 nodes x 4 GPUs. Job `m` runs on n00 and is migrating to n02 (its checkpoint is being
 written): n00 stays held until the acks, n02 is held for the restore, and neither can be preempted.
@@ -9,9 +9,9 @@ written): n00 stays held until the acks, n02 is held for the restore, and neithe
 from __future__ import annotations
 
 from shared.core import Allocate, ClusterState, CycleConfig, Pending, Preempt, Scheduler, TenantPolicy, Topology
+from shared.held import MOVE_SUFFIX, UNPREEMPTIBLE, occupy_held
 from shared.jobs import job_spec
 from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, MoveTicket, NodeGpus
-from shared.snapshot import MOVE_SUFFIX, UNPREEMPTIBLE, occupy_held
 
 ALL = [0, 1, 2, 3]
 
