@@ -204,15 +204,12 @@ class Gateway:
             except ValueError:
                 allowed = ", ".join(s.value for s in JobState)
                 return error_response(422, f"state: must be one of {allowed}", "state")
-        page, bad = _page(q)
-        if bad is not None:
-            return bad
-        tenant = q.get("tenant") or None
-        who = auth.principal(request)
-        if not who.admin:
-            if tenant is not None and tenant != who.tenant:
-                return json_response(api.JobList(jobs=[], total=0, **page))  # nothing of theirs is visible
-            tenant = who.tenant
+        scope = _listing(request)
+        if isinstance(scope, web.Response):
+            return scope
+        page, tenant, visible = scope
+        if not visible:
+            return json_response(api.JobList(jobs=[], total=0, **page))
         recs, total = await self.deps.store.list_jobs(tenant=tenant, state=state, **page)
         domain_of = await self.domain_of()
         jobs = [views.job_view(r, domain_of) for r in recs]
@@ -220,17 +217,14 @@ class Gateway:
 
     async def list_migrations(self, request: web.Request) -> web.Response:
         """GET /v1/migrations: moves, newest first; users see only their tenant's."""
-        q = request.query
-        page, bad = _page(q)
-        if bad is not None:
-            return bad
-        tenant = q.get("tenant") or None
-        who = auth.principal(request)
-        if not who.admin:
-            if tenant is not None and tenant != who.tenant:
-                return json_response(api.MigrationList(migrations=[], total=0, **page))
-            tenant = who.tenant
-        recs, total = await self.deps.store.list_migrations(tenant=tenant, job_id=q.get("job") or None, **page)
+        scope = _listing(request)
+        if isinstance(scope, web.Response):
+            return scope
+        page, tenant, visible = scope
+        if not visible:
+            return json_response(api.MigrationList(migrations=[], total=0, **page))
+        job = request.query.get("job") or None
+        recs, total = await self.deps.store.list_migrations(tenant=tenant, job_id=job, **page)
         domain_of = await self.domain_of()
         moves = [views.migration_view(r, domain_of) for r in recs]
         return json_response(api.MigrationList(migrations=moves, total=total, **page))
@@ -432,6 +426,19 @@ def _page(q: Any) -> tuple[dict[str, int], web.Response | None]:
             return page, error_response(422, f"{name}: must be {bound}, got {value}", name)
         page[name] = value
     return page, None
+
+
+def _listing(request: web.Request) -> tuple[dict[str, int], str | None, bool] | web.Response:
+    """A list request's page and tenant filter, or the 422 naming a bad page bound. A user sees only its own
+    tenant: asking for another's shows nothing (`visible` False), not a 403 that would confirm it exists."""
+    page, bad = _page(request.query)
+    if bad is not None:
+        return bad
+    tenant = request.query.get("tenant") or None
+    who = auth.principal(request)
+    if who.admin:
+        return page, tenant, True
+    return page, who.tenant, tenant is None or tenant == who.tenant
 
 
 def load_tokens(deps: Deps) -> Tokens | None:
