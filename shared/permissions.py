@@ -1,6 +1,6 @@
 """NATS permissions per service, derived from `Names`: each service may publish and subscribe only where it must.
 
-The lists follow the "publishes / consumes" table of the README, subject by subject, plus what JetStream
+The lists follow the services table of docs/architecture.md, subject by subject, plus what JetStream
 needs underneath: every service creates or updates the streams at start (`Bus.ensure_streams`), publishes
 to JetStream as a request (the reply comes to its `_INBOX`), and a pull consumer talks to the JetStream
 API only for its own durable (info, create, next) and acks on `$JS.ACK.<stream>.<durable>.>`.

@@ -174,8 +174,8 @@ async def run(service: Service) -> None:
 
 def settle_heap() -> None:
     """Once started: move what exists now (topology, clients, modules) out of the collector's reach. A full
-    collection otherwise walks all of it, tens of milliseconds at 64 domains during which no message is
-    handled; what is allocated afterwards is collected as usual."""
+    collection otherwise walks all of it, and no message is handled meanwhile (docs/performance.md, the
+    collector); what is allocated afterwards is collected as usual."""
     gc.collect()
     gc.freeze()
 

@@ -4,8 +4,8 @@ Rules: every field added later gets a default (old messages still decode); bus m
 union per subject family with one Decoder built once; `forbid_unknown_fields` only on external input
 (the HTTP API), so services of different versions can talk. The records a service keeps one of per job or
 node (a job's spec and record, its allocation, a node's record) are `gc=False`: they hold plain data and
-never themselves, so the cyclic collector needn't walk thousands of them on a busy cluster (a full
-collection held the event loop for 80-110 ms at 3,000 running jobs). Keep it so: no field of such a record
+never themselves, so the cyclic collector needn't walk thousands of them on a busy cluster, where a full
+collection holds the event loop (docs/performance.md, "A busy cluster"). Keep it so: no field of such a record
 may refer back to it.
 """
 

@@ -168,7 +168,7 @@ class Settings:
         "RACKSCALE_FAULT_PLAN", _text, None, "sim agents: scripted faults (YAML/JSON list of Fault)", kind="path"
     )
     cycle_interval_s: float = _env(
-        "RACKSCALE_CYCLE_INTERVAL_S", _number, 1.0, "placement cycle period (s)", kind="number > 0"
+        "RACKSCALE_CYCLE_INTERVAL_S", _number, 1.0, "scheduling cycle period of the queue (s)", kind="number > 0"
     )
     gateway_host: str = _env("RACKSCALE_GATEWAY_HOST", _text, "127.0.0.1", "HTTP gateway bind address", kind="host")
     gateway_port: int = _env("RACKSCALE_GATEWAY_PORT", _port, 8080, "HTTP gateway port", kind="0-65535")

@@ -109,7 +109,8 @@ return 1
 """
 
 # every allocation record in one command (KEYS: the jobs' alloc keys); '' for a key released meanwhile. A pipeline
-# of one HGET per job costs ~25 µs a job in redis-py, which the queue's timer paid for every allocation each period.
+# of one HGET per job costs redis-py work per job, which the queue's timer paid for every allocation each period
+# (docs/performance.md, full reads).
 ALLOC_RECORDS_LUA = """
 local out = {}
 for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'record') or '' end

@@ -49,7 +49,7 @@ from shared.store import Store
 
 # Reports (telemetry samples, heartbeats, registrations) are handled in batches; a batch waits this long for
 # more once the first report is in. Without it the batches held one or two reports and each cost its round
-# trips (64 domains: ~800 batches a second). Late by this much is nothing next to the periods.
+# trips (docs/performance.md, periodic work). Late by this much is nothing next to the periods.
 BATCH_WINDOW_S = 0.025
 
 log = logging.getLogger("rackscale.inventory.health")

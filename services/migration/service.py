@@ -452,8 +452,8 @@ class MigrationService(Service):
         is under way (one plan at a time); else None."""
         s = self.deps.settings
         fresh = now - 3 * max(s.telemetry_s, s.migration_interval_s)
-        # each node's sums were taken as its telemetry came: a domain's are their sum (samples one by one cost
-        # 10 ms of the event loop at 64 domains, a ClusterState built here 6 ms more)
+        # each node's sums were taken as its telemetry came: a domain's are their sum (samples one by one, or a
+        # ClusterState built here, held the event loop far longer: docs/performance.md, "Periodic work")
         by_domain: dict[int, HeatSums] = {}
         domain_of, index = topo.node_group[topo.domain], topo.node_index
         for node, (at, sums) in self.heat.items():

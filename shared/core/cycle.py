@@ -33,7 +33,7 @@ counts every borrower as gone, and a job reserved last cycle that would fit with
 borrowers in its way (checkpointed, their work kept; never one started in the same cycle). Owed only to the
 reservation it entered, a borrower that outlived that one's start (estimates run long: it often started
 elsewhere) held a draining domain to its own end, and the reservations made after counted on other domains
-(Philly's two-domain jobs waited hours longer). Small jobs don't borrow: they fit the holes other small jobs
+(Philly's two-domain jobs waited longer). Small jobs don't borrow: they fit the holes other small jobs
 leave everywhere, and their loans only cost the large jobs reclaims (docs/evaluation.md, finding 6). The
 borrowers and the jobs reserved last cycle are the other two things a `Scheduler` keeps.
 """
@@ -82,7 +82,7 @@ class CycleConfig:
     # don't). Needs preemption (a loan is given back by it)
     lend_checkpointable: bool | None = None
     # jobs of fewer nodes never borrow: they soon fit elsewhere, and their loans cost the large jobs reclaims
-    # (Philly at 0.9, 5 seeds: large-job p95 39.3 h lending to every size, 36.1 h from 4 nodes; the Kalos mix
+    # (on Philly the large jobs waited longest with every size borrowing, least from 4 or 8 nodes; the Kalos mix
     # borrows only with its 16+-node gangs either way; docs/evaluation.md, finding 6)
     lend_min_nodes: int = LEND_MIN_NODES
     # a migration planner runs beside the scheduler: policies that can (rackscale) keep the jobs it can't move
@@ -195,9 +195,10 @@ class Scheduler:
         reuse_forecasts: bool = False,
     ) -> CycleResult:
         """One cycle. `reuse_forecasts`: a job reserved last cycle keeps that reservation while it still holds
-        (see `_Cycle._kept_forecast`) instead of replaying every running job's end again, which costs tens of
-        ms at thousands of running jobs. Its start may then be later than a fresh forecast's (a job ended
-        early); cycles without it (the running system's timer, every simulator cycle) find the earliest."""
+        (see `_Cycle._kept_forecast`) instead of replaying every running job's end again, whose cost grows with
+        the running jobs (docs/performance.md, a large job waiting). Its start may then be later than a fresh
+        forecast's (a job ended early); cycles without it (the running system's timer, every simulator cycle)
+        find the earliest."""
         return _Cycle(self, state, now, reuse_forecasts).run(pending, usage)
 
 

@@ -134,8 +134,8 @@ class ClusterState:
                 self._count(node, -1, self.nfree[node])
 
     def copy(self) -> ClusterState:
-        """An independent copy. Building a state from the topology costs milliseconds at 64 domains (the
-        counts); copying a prepared empty one per topology generation costs a fraction of that."""
+        """An independent copy. Building a state from the topology is the costly part (the counts); copying a
+        prepared empty one per topology generation costs a fraction of that (docs/performance.md)."""
         other = ClusterState.__new__(ClusterState)
         other.topo = self.topo
         other.full = self.full[:]
