@@ -10,7 +10,8 @@ policy (wall seconds, events, events/s, cycles, seconds inside `Scheduler.cycle`
 checking the target: under 120 s per policy. ``--profile rackscale`` adds a cProfile of that policy's
 run (top functions by own time) so it's clear whether the simulator or the core costs the time.
 
-Traces: --traces, else $RACKSCALE_TRACES, else ../shared/traces beside the repo.
+Traces: DIR/philly with --traces DIR, else $RACKSCALE_TRACES/philly if there is one, else the repository's
+data/traces/philly.
 """
 
 from __future__ import annotations
@@ -33,23 +34,14 @@ from shared.core import MigrationBudget
 from shared.sim.engine import SimConfig, simulate
 from shared.sim.fleet import FailureModel, FleetConfig
 from shared.sim.mapping import MappingConfig, map_jobs, scale_to_load
-from shared.sim.traces import load_trace
+from shared.sim.traces import load_trace, trace_folder
 
 TARGET_S = 120.0
 
 
-def traces_dir(given: str | None) -> Path:
-    if given:
-        return Path(given)
-    env = os.environ.get("RACKSCALE_TRACES")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / "shared" / "traces"
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", default=None)
+    ap.add_argument("--traces", default=None, metavar="DIR", help="folder holding philly/ (default: data/traces)")
     ap.add_argument("--domains", type=int, default=278)
     ap.add_argument("--policies", default="flat,tree,block,rackscale")
     ap.add_argument("--load", type=float, default=None, help="scale submits to this load (default: as recorded)")
@@ -62,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    trace = load_trace(traces_dir(args.traces) / "philly", limit=args.limit)
+    trace = load_trace(trace_folder("philly", args.traces), limit=args.limit)
     load_s = time.perf_counter() - t0
     fleet = FleetConfig(domains=args.domains)
     rows = trace.jobs

@@ -1,4 +1,5 @@
-"""Trace loaders: the real traces in ../shared/traces and a documented canonical CSV.
+"""Trace loaders: the real traces (Philly and Kalos carried in the repository's data/traces, the Alibaba ones
+from a folder of your own) and a documented canonical CSV.
 
 Every loader returns the same `TraceJob` rows plus a tally of the rows it could not use, each with
 its reason (`LoadedTrace.skipped`); nothing is dropped silently. A row that is *malformed* (wrong
@@ -18,13 +19,20 @@ Formats (detected from the header, or forced with ``fmt=``):
 ``alibaba-spot`` Alibaba spot v2026 top-job tables: gpus = gpu_request x worker_num; tenant = organization;
                Spot jobs get priority -1 (preemptible by HP jobs).
 
-A directory may be given for a real trace: the loader picks the replayable file in it.
+A directory may be given for a real trace: the loader picks the replayable file in it (`DEFAULT_FILES`).
+
+Where the real traces live (`trace_folder`): the repository carries Philly and Kalos in ``data/traces/``
+(CC BY 4.0; see data/README.md). The Alibaba traces state no licence, so they are not carried: put them in
+a folder of your own (sub-folders ``alibaba-openb/`` and ``alibaba-spot/`` holding the files `DEFAULT_FILES`
+names) and name it with ``$RACKSCALE_TRACES`` (or give the sub-folder to ``rackscale sim --trace``). The
+tests read the Alibaba formats from small synthetic fixtures (tests/unit/sim_fixtures/alibaba-*).
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -43,6 +51,28 @@ DEFAULT_FILES = {
     "alibaba-openb": "openb_pod_list_default.csv",
     "alibaba-spot": "spot_gpu_jobs_top_subset.csv",
 }
+
+# the real traces a source checkout carries (data/traces/philly, data/traces/kalos), and the variable that
+# names a folder with more of them (e.g. alibaba-openb/ and alibaba-spot/, which can't be carried)
+DATA_TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
+TRACES_ENV = "RACKSCALE_TRACES"
+
+
+def trace_folder(name: str, base: str | Path | None = None) -> Path:
+    """The folder of real trace `name` (a `DEFAULT_FILES` key): ``base/name`` when `base` is given (e.g. a
+    ``--traces`` flag), else ``$RACKSCALE_TRACES/name`` when that folder exists, else ``data/traces/name``."""
+    if base is not None:
+        where = [Path(base)]
+    else:
+        env = os.environ.get(TRACES_ENV)
+        where = [Path(env)] if env else []
+        where.append(DATA_TRACES)
+    for folder in where:
+        if (folder / name).is_dir():
+            return folder / name
+    looked = " or ".join(str(w / name) for w in where)
+    raise FileNotFoundError(f"no {name} trace folder: looked for {looked}; set {TRACES_ENV} to the folder holding it")
+
 
 # header columns that identify each format (all must be present)
 SIGNATURES: dict[str, tuple[str, ...]] = {

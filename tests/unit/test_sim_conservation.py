@@ -1,5 +1,6 @@
-"""Conservation on real traces: every job finishes or is reported unfinished with a reason, GPU-hours add
-up, no GPU is double-booked at any event (state.check after every event batch), same seed same numbers."""
+"""Conservation on real traces (the Philly and Kalos copies in data/traces): every job finishes or is
+reported unfinished with a reason, GPU-hours add up, no GPU is double-booked at any event (state.check
+after every event batch), same seed same numbers."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from shared.sim.engine import SimConfig, simulate
 from shared.sim.fleet import FailureModel, FleetConfig
 from shared.sim.mapping import MappingConfig, map_jobs, mix, scale_to_load
 from shared.sim.metrics import compute, finished_work, gpu_seconds_balance
-from shared.sim.traces import load_trace
-from tests.unit.test_sim_traces import traces_dir
+from shared.sim.traces import DATA_TRACES, load_trace
 
 FLEET = FleetConfig(domains=6)
 # frequent failures so kills, requeues and restores all happen in a short run
@@ -20,9 +20,8 @@ FAILS = FailureModel(enabled=True, mtbf_days=2.0, repair_hours=6.0)
 
 
 def workload() -> list:
-    base = traces_dir()
-    philly = load_trace(base / "philly", limit=600).jobs
-    kalos = [j for j in load_trace(base / "kalos").jobs if j.gpus <= 256][:40]
+    philly = load_trace(DATA_TRACES / "philly", limit=600).jobs
+    kalos = [j for j in load_trace(DATA_TRACES / "kalos").jobs if j.gpus <= 256][:40]
     jobs, _ = scale_to_load(mix([philly, kalos]), FLEET.gpus, 0.9)
     return jobs
 

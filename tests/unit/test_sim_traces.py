@@ -9,21 +9,21 @@ import pytest
 
 from shared.sim.fleet import FleetConfig
 from shared.sim.mapping import MappingConfig, map_job, map_jobs, mix, offered_load, scale_to_load, window
-from shared.sim.traces import TraceFormatError, TraceJob, load_trace, write_canonical
+from shared.sim.traces import (
+    DATA_TRACES,
+    DEFAULT_FILES,
+    TRACES_ENV,
+    TraceFormatError,
+    TraceJob,
+    load_trace,
+    resolve_path,
+    trace_folder,
+    write_canonical,
+)
 
 FIXTURES = Path(__file__).parent / "sim_fixtures"
-REPO = Path(__file__).resolve().parents[2]
-
-
-def traces_dir() -> Path:
-    """Real traces: $RACKSCALE_TRACES, else ../shared/traces beside the repo. They always exist on our machines."""
-    env = os.environ.get("RACKSCALE_TRACES")
-    candidates = [Path(env)] if env else []
-    candidates.append(REPO.parent / "shared" / "traces")
-    for c in candidates:
-        if (c / "philly").is_dir():
-            return c
-    pytest.fail(f"real traces not found: set RACKSCALE_TRACES or provide {REPO.parent / 'shared' / 'traces'}")
+CARRIED = ("philly", "kalos")  # in the repository's data/traces
+ALIBABA = ("alibaba-openb", "alibaba-spot")  # not carried: synthetic fixtures, real files only via $RACKSCALE_TRACES
 
 
 def test_canonical_bad_rows_are_counted_with_reasons() -> None:
@@ -89,24 +89,52 @@ def test_kalos() -> None:
 
 
 def test_alibaba_openb() -> None:
-    t = load_trace(FIXTURES / "openb_small.csv")
+    # the fixture is a folder like the real trace's: the loader picks openb_pod_list_default.csv in it
+    t = load_trace(FIXTURES / "alibaba-openb")
     assert t.fmt == "alibaba-openb"
-    assert [j.job_id for j in t.jobs] == ["openb-pod-0000", "openb-pod-0001"]
-    assert t.jobs[1].duration_s == 12902960 - 427061
-    assert t.skipped["no GPUs (CPU-only pod)"] == 1
-    assert t.skipped["never ran (phase Pending, no scheduled_time)"] == 1
-    assert t.skipped["duration not positive"] == 1
-    assert t.notes["GPU-sharing pod counted as 1 whole GPU"] == 1
+    assert t.rows == 8
+    # submit = creation_time, duration = deletion - scheduled, tenant = QoS; sorted by submit
+    assert [(j.job_id, j.submit_s, j.gpus, j.duration_s, j.tenant) for j in t.jobs] == [
+        ("synth-pod-06", 40.0, 1, 710.0, "LS"),  # GPU-sharing (500 milli-GPU): a whole GPU
+        ("synth-pod-01", 100.0, 1, 3540.0, "LS"),
+        ("synth-pod-02", 200.0, 1, 1200.0, "BE"),  # GPU-sharing (250 milli-GPU): a whole GPU
+        ("synth-pod-05", 1000.0, 8, 7700.0, "Burstable"),
+    ]
+    assert dict(t.notes) == {"GPU-sharing pod counted as 1 whole GPU": 2}
+    assert dict(t.skipped) == {
+        "no GPUs (CPU-only pod)": 2,  # a CPU-only pending pod counts as CPU-only
+        "never ran (phase Pending, no scheduled_time)": 1,
+        "duration not positive": 1,
+    }
+    assert t.skipped_lines == {
+        "no GPUs (CPU-only pod)": [4, 9],
+        "never ran (phase Pending, no scheduled_time)": [5],
+        "duration not positive": [8],
+    }
 
 
 def test_alibaba_spot() -> None:
-    t = load_trace(FIXTURES / "spot_small.csv")
+    t = load_trace(FIXTURES / "alibaba-spot")
     assert t.fmt == "alibaba-spot"
-    assert [(j.job_id, j.gpus, j.priority, j.tenant) for j in t.jobs] == [
-        ("spot-191838", 8, 0, "org37"),
-        ("spot-371183", 1408, -1, "org57"),
+    assert t.rows == 8
+    # gpus = gpu_request x worker_num; Spot jobs priority -1; tenant = organization; sorted by submit
+    assert [(j.job_id, j.submit_s, j.gpus, j.duration_s, j.priority, j.tenant, j.kind) for j in t.jobs] == [
+        ("spot-900001", 0.0, 32, 7200.0, 0, "org3", "HP"),
+        ("spot-900007", 10.0, 8, 86400.0, 0, "org9", "HP"),
+        ("spot-900003", 30.0, 64, 3600.0, -1, "org5", "Spot"),
+        ("spot-900002", 60.0, 1, 1800.0, -1, "org5", "Spot"),
     ]
-    assert dict(t.skipped) == {"duplicate job_name": 1, "fractional GPUs per worker": 1}
+    assert dict(t.skipped) == {
+        "duplicate job_name": 1,
+        "fractional GPUs per worker": 1,
+        "duration not positive": 1,
+        "no GPUs": 1,
+    }
+
+
+def test_alibaba_fixtures_use_the_real_file_names() -> None:
+    for name in ALIBABA:
+        assert resolve_path(FIXTURES / name) == FIXTURES / name / DEFAULT_FILES[name]
 
 
 def test_canonical_round_trip(tmp_path: Path) -> None:
@@ -187,13 +215,55 @@ def test_load_scaling_window_and_mix() -> None:
     assert max(j.submit_s for j in merged if j.tenant == "llm") == pytest.approx(10000.0)
 
 
-@pytest.mark.parametrize(
-    ("folder", "fmt"),
-    [("philly", "philly"), ("kalos", "kalos"), ("alibaba-openb", "alibaba-openb"), ("alibaba-spot", "alibaba-spot")],
-)
-def test_real_trace_smoke(folder: str, fmt: str) -> None:
-    t = load_trace(traces_dir() / folder, limit=300)
+@pytest.mark.parametrize(("name", "jobs"), [("philly", 82_247), ("kalos", 319)])
+def test_carried_traces_are_whole(name: str, jobs: int) -> None:
+    """data/traces holds the real files, complete (not a Git LFS pointer, not cut short)."""
+    t = load_trace(DATA_TRACES / name)
+    assert t.fmt == name
+    assert t.rows == len(t.jobs) == jobs
+    assert not t.skipped
+
+
+def _smoke_cases() -> list:
+    """The carried traces and the Alibaba fixtures always; and whatever real trace folders $RACKSCALE_TRACES
+    holds (e.g. the real Alibaba ones), only those that exist."""
+    cases = [pytest.param(DATA_TRACES / n, n, id=f"data-{n}") for n in CARRIED]
+    cases += [pytest.param(FIXTURES / n, n, id=f"fixture-{n}") for n in ALIBABA]
+    env = os.environ.get(TRACES_ENV)
+    if env:
+        cases += [pytest.param(Path(env) / n, n, id=f"env-{n}") for n in DEFAULT_FILES if (Path(env) / n).is_dir()]
+    return cases
+
+
+@pytest.mark.parametrize(("folder", "fmt"), _smoke_cases())
+def test_real_trace_smoke(folder: Path, fmt: str) -> None:
+    file = resolve_path(folder)
+    with file.open(encoding="utf-8") as fh:
+        data_rows = sum(1 for line in fh if line.strip()) - 1
+    t = load_trace(folder, limit=300)
     assert t.fmt == fmt
-    assert t.rows == 300 or (fmt == "kalos" and t.rows <= 319)
+    assert t.rows == min(300, data_rows)
     assert len(t.jobs) + sum(t.skipped.values()) == t.rows
-    assert all(j.gpus > 0 and j.duration_s > 0 for j in t.jobs)
+    assert t.jobs and all(j.gpus > 0 and j.duration_s > 0 for j in t.jobs)
+
+
+def test_traces_env_names_a_folder() -> None:
+    """$RACKSCALE_TRACES is optional; when set, a wrong path fails here instead of quietly adding no case."""
+    env = os.environ.get(TRACES_ENV)
+    if env:
+        assert Path(env).is_dir(), f"{TRACES_ENV}={env} is not a folder"
+
+
+def test_trace_folder_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TRACES_ENV, raising=False)
+    assert trace_folder("philly") == DATA_TRACES / "philly"
+    with pytest.raises(FileNotFoundError, match=TRACES_ENV):
+        trace_folder("alibaba-openb")
+    (tmp_path / "alibaba-openb").mkdir()
+    monkeypatch.setenv(TRACES_ENV, str(tmp_path))
+    assert trace_folder("alibaba-openb") == tmp_path / "alibaba-openb"
+    assert trace_folder("philly") == DATA_TRACES / "philly"  # not in $RACKSCALE_TRACES: the carried copy
+    # an explicit folder (e.g. bench --traces) is the only place looked
+    assert trace_folder("alibaba-openb", tmp_path) == tmp_path / "alibaba-openb"
+    with pytest.raises(FileNotFoundError):
+        trace_folder("philly", tmp_path)
