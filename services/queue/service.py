@@ -1,20 +1,14 @@
-"""queue: owns jobs. Durable intake, the job state machine, and the scheduling cycle.
+"""queue: owns jobs. Durable intake, the job state machine's handlers, and the scheduling cycle.
 
-State machine (every transition is a JobEvent on the job's subject, its audit log):
-
-    pending ──PlaceOrder──▶ (inflight) ──Committed──▶ placed ──all ranks started──▶ running
-       ▲                        │ Rejected / timeout                                   │
-       └────────────────────────┘                                  all ranks exit 0 ──▶ succeeded
-    preempted / node down (requeue) ──▶ pending (attempt + 1)       a rank fails ──▶ failed
-    cancel ──▶ cancelled (from any non-terminal state; GPUs released at once)
-    running ──MoveOrder──▶ migrating (ranks checkpoint, GPUs held) ──every rank's ack──▶ pending (attempt + 1,
-        its pinned PlaceOrder at the move's target in flight, restoring from the checkpoint) ──▶ placed ──▶ running
+The state machine itself is `shared.lifecycle`: each handler here reads the job, applies one of its pure
+transitions, compares-and-sets the record and publishes (every transition is a JobEvent on the job's
+subject, its audit log).
 
 A job's event always goes out before the order that frees its GPUs, so the event log alone shows
 who held which GPU when. Every handler is idempotent (at-least-once delivery): events for another
 attempt than the job's current one are stale and ignored, except a Committed for a job still waiting,
 which is adopted (the order went through after all). Records change only through `Store.update_job`
-(WATCH/MULTI), so replicas and concurrent handlers can't lose each other's writes. Only the replica
+(a compare-and-set script), so replicas and concurrent handlers can't lose each other's writes. Only the replica
 holding the leader lease runs cycles. The cycle itself is the pure core: `shared.core.Scheduler`.
 """
 
@@ -32,6 +26,7 @@ from typing import Any
 import msgspec
 
 from services.queue.view import HeldView
+from shared import lifecycle
 from shared.bus import Outgoing, Retry
 from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
 from shared.held import HeldState, occupy, reserved_domains
@@ -52,7 +47,6 @@ from shared.schemas import (
     JobSubmitted,
     MoveAbort,
     MoveOrder,
-    MoveTicket,
     NodeChanged,
     NodeGpus,
     PlaceOrder,
@@ -83,23 +77,6 @@ def _trace(rec: JobRecord) -> dict[str, str] | None:
 def _job(msg: Any) -> str:
     """Ordering key of the queue's messages (node events, which have no job, share one lane)."""
     return str(getattr(msg, "job_id", ""))
-
-
-def _next_attempt(r: JobRecord, reason: str, now: float, allocation: list[NodeGpus] | None = None) -> None:
-    """Back to pending as a new attempt. The current one is over: `floor` makes its late commits and starts
-    stale. `allocation`: where the new attempt's order already goes (a move's target)."""
-    r.floor = r.attempt
-    r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, r.attempt + 1, allocation or [], []
-    r.started_ranks, r.exit_codes, r.move, r.reason, r.updated_at = [], {}, None, reason, now
-
-
-def _not_before_commit(rec: JobRecord, attempt: int) -> None:
-    """Agent events and placement events come through separate consumers: a rank can report before
-    the queue has seen its commit. Such an event is redelivered later instead of dropped. (on_started
-    adopts the commit itself, also an older attempt's that placement still holds; a rank's other events
-    follow its start on the same subject, so they find the job placed.)"""
-    if rec.state is JobState.PENDING and rec.attempt <= attempt:
-        raise Retry(f"job {rec.id} attempt {attempt}: commit not seen yet")
 
 
 class QueueService(Service):
@@ -170,8 +147,12 @@ class QueueService(Service):
     async def _update(
         self, job_id: str, change: Callable[[JobRecord], JobRecord | None]
     ) -> tuple[JobRecord | None, bool]:
-        """`Store.update_job`, keeping the record of a job this replica ended until its GPUs are released."""
-        rec, changed = await self.store.update_job(job_id, change)
+        """`Store.update_job` with a transition of `shared.lifecycle`, keeping the record of a job this replica
+        ended until its GPUs are released. An input that came before one it depends on is redelivered later."""
+        try:
+            rec, changed = await self.store.update_job(job_id, change)
+        except lifecycle.NotYet as e:
+            raise Retry(str(e)) from e
         if changed and rec is not None and rec.state in TERMINAL:
             self._ended[rec.id] = rec
         return rec, changed
@@ -225,15 +206,7 @@ class QueueService(Service):
             await self.on_move_abort(msg)
 
     async def on_submit(self, msg: JobSubmitted, headers: Mapping[str, str]) -> None:
-        rec = JobRecord(
-            id=msg.job_id,
-            spec=msg.spec,
-            state=JobState.PENDING,
-            reason="waiting for the next scheduling cycle",
-            submitted_at=msg.submitted_at,
-            updated_at=self.now(),
-            trace=headers.get("traceparent", ""),
-        )
+        rec = lifecycle.submitted(msg, self.now(), headers.get("traceparent", ""))
         stored, _ = await self.store.create_job(rec)  # a redelivery finds the job stored: nothing changes
         # The event goes out also on redelivery (it may not have gone out). Its PUB is on the wire before the
         # kicked cycle runs, so it precedes every later event of the job; the cycle needn't wait for its ack.
@@ -243,17 +216,7 @@ class QueueService(Service):
 
     async def on_cancel(self, msg: JobCancel) -> None:
         now = self.now()
-        was: list[JobState] = []
-
-        def cancel(rec: JobRecord) -> JobRecord | None:
-            if rec.state in TERMINAL:
-                return None
-            was.append(rec.state)
-            rec.state, rec.reason, rec.updated_at, rec.ended_at = JobState.CANCELLED, msg.reason, now, now
-            rec.inflight_since = None
-            return rec
-
-        rec, changed = await self._update(msg.job_id, cancel)
+        rec, changed = await self._update(msg.job_id, lambda r: lifecycle.cancelled(r, msg, now))
         if rec is None:
             return
         if rec.state is JobState.CANCELLED:
@@ -286,20 +249,7 @@ class QueueService(Service):
         self.held.committed(ev)
         now = self.now()
         domains = await self._domains([ng.node for ng in ev.nodes])
-
-        def placed(rec: JobRecord) -> JobRecord | None:
-            if rec.state in (JobState.PLACED, JobState.RUNNING) and rec.attempt == ev.attempt and not rec.domains:
-                rec.domains = domains  # a rank's start adopted the commit before this event came
-                return rec if domains else None
-            if rec.state is not JobState.PENDING or ev.attempt <= rec.floor:
-                return None  # (an attempt that was placed and is over: a redelivered commit)
-            # adopt the commit even for an older attempt: its order went through after a timeout
-            rec.state, rec.attempt, rec.allocation = JobState.PLACED, ev.attempt, list(ev.nodes)
-            rec.domains, rec.reason, rec.updated_at, rec.inflight_since = domains, "", now, None
-            rec.started_ranks, rec.exit_codes = [], {}
-            return rec
-
-        rec, _ = await self._update(ev.job_id, placed)
+        rec, _ = await self._update(ev.job_id, lambda r: lifecycle.placed(r, ev, domains, now))
         if rec is None:
             return
         if rec.state in TERMINAL or rec.attempt != ev.attempt:
@@ -325,14 +275,7 @@ class QueueService(Service):
 
     async def on_rejected(self, ev: Rejected) -> None:
         now = self.now()
-
-        def back(rec: JobRecord) -> JobRecord | None:
-            if rec.state is not JobState.PENDING or rec.attempt != ev.attempt or rec.inflight_since is None:
-                return None
-            rec.inflight_since, rec.reason, rec.updated_at = None, f"placement retry: {ev.reason}", now
-            return rec
-
-        _, changed = await self._update(ev.job_id, back)
+        _, changed = await self._update(ev.job_id, lambda r: lifecycle.rejected(r, ev, now))
         if changed:
             self.wake()
 
@@ -343,35 +286,9 @@ class QueueService(Service):
         held: AllocationRecord | None = None
 
         def started(rec: JobRecord) -> JobRecord | None:
-            adopted.clear()
-            if rec.state is JobState.PENDING and ev.attempt > rec.floor:
-                # Agents start a rank only after placement committed its attempt: the Committed event is still
-                # on its way (another consumer). Adopt the commit now: the order's nodes when this attempt's
-                # order is the one in flight, else (the order timed out and the job was decided again) the
-                # allocation placement holds for it.
-                nodes = None
-                if held is not None and held.attempt == ev.attempt:
-                    nodes = held.nodes
-                elif rec.inflight_since is not None and rec.attempt == ev.attempt:
-                    nodes = rec.allocation
-                if nodes is not None:
-                    rec.state, rec.attempt, rec.allocation = JobState.PLACED, ev.attempt, list(nodes)
-                    rec.reason, rec.updated_at, rec.inflight_since = "", now, None
-                    rec.domains, rec.started_ranks, rec.exit_codes = list(domains), [], {}
-                    adopted.append(True)
-                elif not asked:
-                    raise Retry(
-                        f"job {rec.id}: was attempt {ev.attempt} committed? asking placement's record next time"
-                    )
-            _not_before_commit(rec, ev.attempt)
-            if rec.attempt != ev.attempt or rec.state not in (JobState.PLACED, JobState.RUNNING):
-                return None
-            if ev.rank in rec.started_ranks:
-                return rec if adopted else None
-            rec.started_ranks = sorted([*rec.started_ranks, ev.rank])
-            if len(rec.started_ranks) == len(rec.allocation) and rec.state is JobState.PLACED:
-                rec.state, rec.started_at, rec.updated_at = JobState.RUNNING, now, now
-            return rec
+            new = lifecycle.started(rec, ev, now, held=held, domains=domains, asked=asked)
+            adopted[:] = [new is not None and rec.state is JobState.PENDING]  # it took the commit in
+            return new
 
         asked = False
         cached = self.store.remembered_job(ev.job_id) or await self.store.get_job(ev.job_id)
@@ -383,7 +300,7 @@ class QueueService(Service):
         rec, changed = await self._update(ev.job_id, started)
         if rec is None or rec.attempt != ev.attempt or not changed:
             return
-        if rec.state is not JobState.RUNNING and not adopted:
+        if rec.state is not JobState.RUNNING and not any(adopted):
             return
         key = (rec.id, rec.attempt)
         out = [self.event(rec)] if rec.state is JobState.RUNNING else []
@@ -407,36 +324,15 @@ class QueueService(Service):
         if ev.lost and ev.exit_code != 0:
             rec = await self.store.get_job(ev.job_id)
             if rec is not None:
-                _not_before_commit(rec, ev.attempt)
+                try:
+                    lifecycle.commit_seen(rec, ev.attempt)
+                except lifecycle.NotYet as e:
+                    raise Retry(str(e)) from e
                 await self._lose(ev.job_id, ev.attempt, ev.node, f"the agent on {ev.node} stopped")
             return
         now = self.now()
 
-        def exited(rec: JobRecord) -> JobRecord | None:
-            _not_before_commit(rec, ev.attempt)
-            if rec.attempt != ev.attempt or rec.state not in HOLDING:
-                return None
-            key = f"{ev.node}/{ev.rank}"
-            if key in rec.exit_codes:
-                return None
-            if ev.exit_code == 0 and ev.rank not in rec.started_ranks:
-                # a clean exit always follows the rank's start event; both may have been redelivered
-                # out of order, and the job must pass through running
-                raise Retry(f"job {rec.id} rank {ev.rank}: exit before its start")
-            rec.exit_codes = {**rec.exit_codes, key: ev.exit_code}
-            rec.updated_at = now
-            if ev.exit_code != 0:
-                rec.state, rec.ended_at = JobState.FAILED, now
-                rec.reason = f"rank {ev.rank} on {ev.node} exited with {ev.exit_code}" + (
-                    f" ({ev.reason})" if ev.reason else ""
-                )
-            elif len(rec.exit_codes) == len(rec.allocation):
-                rec.state, rec.ended_at, rec.reason = JobState.SUCCEEDED, now, ""
-            if rec.state in TERMINAL:
-                rec.move = None  # it ended before its checkpoint: nothing left to move
-            return rec
-
-        rec, _ = await self._update(ev.job_id, exited)
+        rec, _ = await self._update(ev.job_id, lambda r: lifecycle.exited(r, ev, now))
         if rec is not None and rec.state in (JobState.SUCCEEDED, JobState.FAILED) and rec.attempt == ev.attempt:
             await self.emit(rec)
             # a job that ended on its own has no rank left to stop (one rank's failure may leave others running)
@@ -458,17 +354,7 @@ class QueueService(Service):
     async def _lose(self, job_id: str, attempt: int, node: str, reason: str) -> None:
         """A placed/running attempt lost a node under it: requeue it, or fail it by its on_node_failure."""
         now = self.now()
-
-        def fail_or_requeue(r: JobRecord) -> JobRecord | None:
-            if r.attempt != attempt or r.state not in HOLDING:
-                return None
-            if r.spec.on_node_failure == "fail":
-                r.state, r.ended_at, r.reason, r.move, r.updated_at = JobState.FAILED, now, reason, None, now
-            else:
-                _next_attempt(r, f"requeued: {reason}", now)
-            return r
-
-        new, changed = await self._update(job_id, fail_or_requeue)
+        new, changed = await self._update(job_id, lambda r: lifecycle.node_lost(r, attempt, reason, now))
         if new is not None and changed:
             await self.emit(new)
             await self.bus.publish(
@@ -664,13 +550,6 @@ class QueueService(Service):
         nodes = [NodeGpus(n, list(g)) for n, g in d.gpus_by_node(topo).items()]
         attempt = rec.attempt + 1
 
-        def inflight(r: JobRecord) -> JobRecord | None:
-            if r.state is not JobState.PENDING or r.inflight_since is not None or r.attempt != rec.attempt:
-                return None  # committed already, cancelled or decided by someone else meanwhile
-            r.attempt, r.inflight_since, r.allocation = attempt, now, nodes
-            r.reason, r.updated_at = "placing", now
-            return r
-
         order = self._place_order(msgspec.structs.replace(rec, attempt=attempt, allocation=nodes), now)
         parent = {"traceparent": rec.trace} if rec.trace else None
         attrs = {
@@ -689,7 +568,7 @@ class QueueService(Service):
             # is rejected (the job holds GPUs for this attempt, which on_committed adopts).
             await asyncio.gather(  # the order first: it is on the path to the job's start, the mark isn't
                 self.bus.publish(self.names.orders, order, msg_id=f"{rec.id}:{attempt}:place", headers=hdrs),
-                self._update(rec.id, inflight),
+                self._update(rec.id, lambda r: lifecycle.ordered(r, rec.attempt, nodes, now)),
             )
 
     async def _expire_inflight(self, rec: JobRecord, now: float) -> None:
@@ -697,38 +576,17 @@ class QueueService(Service):
         if held is not None:
             return  # committed; the Committed event is on its way
         attempt = rec.attempt
-
-        def retry(r: JobRecord) -> JobRecord | None:
-            if r.state is not JobState.PENDING or r.attempt != attempt or r.inflight_since is None:
-                return None
-            r.inflight_since, r.reason, r.updated_at = None, "placement did not answer; deciding again", now
-            return r
-
-        await self._update(rec.id, retry)
+        await self._update(rec.id, lambda r: lifecycle.order_timed_out(r, attempt, now))
 
     async def _preempt(self, d: Preempt, now: float) -> bool:
         """Move the victim out; False when it isn't placed or running any more (its GPUs aren't freed)."""
-
-        def requeue(r: JobRecord) -> JobRecord | None:
-            if r.state not in (JobState.PLACED, JobState.RUNNING):
-                return None
-            r.state, r.reason, r.updated_at = JobState.PREEMPTED, f"preempted for job {d.for_job}", now
-            return r
-
-        rec, changed = await self._update(d.job_id, requeue)
+        rec, changed = await self._update(d.job_id, lambda r: lifecycle.preempted(r, d.for_job, now))
         if rec is None or not changed:
             return False
         await self.emit(rec)
         await self.release(rec, rec.reason, checkpoint=d.checkpoint)
         attempt = rec.attempt
-
-        def pending(r: JobRecord) -> JobRecord | None:
-            if r.state is not JobState.PREEMPTED or r.attempt != attempt:
-                return None
-            _next_attempt(r, f"requeued after preemption for job {d.for_job}", now)
-            return r
-
-        rec, changed = await self._update(d.job_id, pending)
+        rec, changed = await self._update(d.job_id, lambda r: lifecycle.requeued(r, attempt, d.for_job, now))
         if rec is not None and changed:
             await self.emit(rec)
         return True
@@ -745,14 +603,7 @@ class QueueService(Service):
                 return
         now = self.now()
 
-        def migrate(r: JobRecord) -> JobRecord | None:
-            if r.state is not JobState.RUNNING or r.attempt != m.attempt or not (r.spec.checkpointable or not m.target):
-                return None  # ended, moved or requeued meanwhile: the migration service sees it and gives up
-            r.state, r.reason, r.updated_at = JobState.MIGRATING, f"migrating: {m.reason}", now
-            r.move = MoveTicket(migration_id=m.migration_id, target=list(m.target), reason=m.reason, since=now)
-            return r
-
-        rec, _ = await self._update(m.job_id, migrate)
+        rec, _ = await self._update(m.job_id, lambda r: lifecycle.migrating(r, m, now))
         if rec is None or rec.state is not JobState.MIGRATING or rec.move is None:
             return
         if rec.move.migration_id != m.migration_id or rec.attempt != m.attempt:
@@ -771,28 +622,7 @@ class QueueService(Service):
         place the next attempt on the move's target, restoring from the checkpoint."""
         now = self.now()
 
-        def acked(r: JobRecord) -> JobRecord | None:
-            mv = r.move
-            if r.state is not JobState.MIGRATING or r.attempt != ev.attempt or mv is None or ev.rank in mv.acked:
-                return None
-            acks, ran = sorted([*mv.acked, ev.rank]), max(mv.ran_s, ev.ran_s)
-            r.updated_at = now
-            if len(acks) < len(r.allocation):
-                r.move = msgspec.structs.replace(mv, acked=acks, ran_s=ran)
-                return r
-            if not mv.target:  # every rank stopped: requeue (or fail) without a restore
-                if r.spec.on_node_failure == "fail":
-                    r.allocation, r.domains, r.started_ranks, r.exit_codes, r.move = [], [], [], {}, None
-                    r.state, r.ended_at, r.reason = JobState.FAILED, now, f"evacuated: {mv.reason}"
-                else:
-                    _next_attempt(r, f"requeued: evacuated: {mv.reason}", now)
-                return r
-            checkpoint = f"{r.id}:{r.attempt}"
-            _next_attempt(r, "migrating: restoring on " + ", ".join(ng.node for ng in mv.target), now, list(mv.target))
-            r.inflight_since, r.ran_s, r.checkpoint = now, r.ran_s + ran, checkpoint
-            return r
-
-        rec, changed = await self._update(ev.job_id, acked)
+        rec, changed = await self._update(ev.job_id, lambda r: lifecycle.checkpointed(r, ev, now))
         if rec is None or not changed or rec.state is JobState.MIGRATING:
             return
         await self.emit(rec)
@@ -818,32 +648,17 @@ class QueueService(Service):
     async def on_move_abort(self, m: MoveAbort) -> None:
         """A move whose checkpoint never completed: requeue the job from its last complete checkpoint."""
         now = self.now()
-        attempt: list[int] = []
-
-        def abort(r: JobRecord) -> JobRecord | None:
-            if r.state is not JobState.MIGRATING or r.move is None or r.move.migration_id != m.migration_id:
-                return None
-            attempt.append(r.attempt)
-            _next_attempt(r, f"requeued: move aborted ({m.reason})", now)
-            return r
-
-        rec, changed = await self._update(m.job_id, abort)
+        rec, changed = await self._update(m.job_id, lambda r: lifecycle.move_aborted(r, m, now))
         if rec is None or not changed:
             return
         await self.emit(rec)
         await self.bus.publish(
             self.names.orders,
             ReleaseOrder(job_id=rec.id, reason=rec.reason),
-            msg_id=f"{rec.id}:{attempt[0]}:release:abort",
+            msg_id=f"{rec.id}:{rec.floor}:release:abort",  # the aborted attempt's (now the floor)
             headers=_trace(rec),
         )
         self.wake()
 
     async def _set_reason(self, job_id: str, reason: str, now: float) -> None:
-        def why(r: JobRecord) -> JobRecord | None:
-            if r.state is not JobState.PENDING or r.inflight_since is not None or r.reason == reason:
-                return None
-            r.reason, r.updated_at = reason, now
-            return r
-
-        await self._update(job_id, why)
+        await self._update(job_id, lambda r: lifecycle.pending_reason(r, reason, now))

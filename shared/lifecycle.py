@@ -1,0 +1,299 @@
+"""A job's state machine: every transition a named pure function of (record, input, now).
+
+Each returns the new record, or None for "no change" (the input is stale, a duplicate, or says nothing new),
+and never changes the record it is given. The queue's handlers are read → transition → compare-and-set →
+publish (`Store.update_job` runs the transition again on the stored record when a CAS loses), so replaying a
+job's inputs through these functions rebuilds its record. `NotYet` says an input arrived before one it
+depends on (a rank's start before its commit): the queue has it redelivered later.
+
+    pending ──ordered──▶ (in flight) ──placed──▶ placed ──started (every rank)──▶ running
+       ▲                    │ rejected / order_timed_out                           │
+       └────────────────────┘                          every rank exits 0 ──exited──▶ succeeded
+    preempted ──requeued──▶ pending (attempt + 1)        a rank fails ──exited──▶ failed
+    node_lost ──▶ pending (attempt + 1), or failed by the job's on_node_failure
+    cancelled ◀── any state that isn't terminal (its GPUs are released at once)
+    running ──migrating──▶ migrating (ranks checkpoint) ──checkpointed (every rank)──▶ pending (attempt + 1,
+        its pinned order in flight, restoring) ──placed──▶ placed ──▶ running;   move_aborted ──▶ pending
+
+Stale inputs: an attempt's inputs count only while it is the job's current attempt; `floor` marks the last
+attempt that was placed and is over, so its late commits and starts are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from shared.schemas import (
+    HOLDING,
+    TERMINAL,
+    AllocationRecord,
+    Committed,
+    JobCancel,
+    JobRecord,
+    JobState,
+    JobSubmitted,
+    MoveAbort,
+    MoveOrder,
+    MoveTicket,
+    NodeGpus,
+    RankExited,
+    RankStarted,
+    Rejected,
+)
+
+INTAKE_REASON = "waiting for the next scheduling cycle"
+
+
+class NotYet(Exception):
+    """The input depends on one not seen yet (a rank's start before its attempt's commit): apply it later."""
+
+
+def _copy(rec: JobRecord) -> JobRecord:
+    """A copy to change (the fields below are replaced, never changed in place, so a shallow one will do)."""
+    return msgspec.structs.replace(rec)
+
+
+def _next_attempt(r: JobRecord, reason: str, now: float, allocation: list[NodeGpus] | None = None) -> None:
+    """Back to pending as a new attempt (on a copy). The current one is over: `floor` makes its late commits
+    and starts stale. `allocation`: where the new attempt's order already goes (a move's target)."""
+    r.floor = r.attempt
+    r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, r.attempt + 1, allocation or [], []
+    r.started_ranks, r.exit_codes, r.move, r.reason, r.updated_at = [], {}, None, reason, now
+
+
+def commit_seen(rec: JobRecord, attempt: int) -> None:
+    """Agent events and placement events come through separate consumers: a rank can report before the
+    queue has seen its commit. Such an event waits (NotYet) instead of being dropped."""
+    if rec.state is JobState.PENDING and rec.attempt <= attempt:
+        raise NotYet(f"job {rec.id} attempt {attempt}: commit not seen yet")
+
+
+# -- intake ------------------------------------------------------------------------------------------------
+def submitted(msg: JobSubmitted, now: float, trace: str = "") -> JobRecord:
+    """A new job's first record (a redelivered submit finds it stored and changes nothing)."""
+    return JobRecord(
+        id=msg.job_id,
+        spec=msg.spec,
+        state=JobState.PENDING,
+        reason=INTAKE_REASON,
+        submitted_at=msg.submitted_at,
+        updated_at=now,
+        trace=trace,
+    )
+
+
+def cancelled(rec: JobRecord, msg: JobCancel, now: float) -> JobRecord | None:
+    if rec.state in TERMINAL:
+        return None
+    r = _copy(rec)
+    r.state, r.reason, r.updated_at, r.ended_at = JobState.CANCELLED, msg.reason, now, now
+    r.inflight_since = None
+    return r
+
+
+# -- the cycle's decisions -----------------------------------------------------------------------------------
+def ordered(rec: JobRecord, decided_on: int, nodes: list[NodeGpus], now: float) -> JobRecord | None:
+    """The cycle decided the job's next attempt on `nodes`, from the record of attempt `decided_on`: its
+    order is in flight."""
+    if rec.state is not JobState.PENDING or rec.inflight_since is not None or rec.attempt != decided_on:
+        return None  # committed already, cancelled or decided by someone else meanwhile
+    r = _copy(rec)
+    r.attempt, r.inflight_since, r.allocation = decided_on + 1, now, list(nodes)
+    r.reason, r.updated_at = "placing", now
+    return r
+
+
+def order_timed_out(rec: JobRecord, attempt: int, now: float) -> JobRecord | None:
+    """Placement never answered the order of `attempt` (and holds nothing for it): decide again."""
+    if rec.state is not JobState.PENDING or rec.attempt != attempt or rec.inflight_since is None:
+        return None
+    r = _copy(rec)
+    r.inflight_since, r.reason, r.updated_at = None, "placement did not answer; deciding again", now
+    return r
+
+
+def pending_reason(rec: JobRecord, reason: str, now: float) -> JobRecord | None:
+    """Why an undecided job still waits, as the cycle says it."""
+    if rec.state is not JobState.PENDING or rec.inflight_since is not None or rec.reason == reason:
+        return None
+    r = _copy(rec)
+    r.reason, r.updated_at = reason, now
+    return r
+
+
+def preempted(rec: JobRecord, for_job: str, now: float) -> JobRecord | None:
+    """A placed or running attempt gives way to a higher-priority job (its GPUs are released next)."""
+    if rec.state not in (JobState.PLACED, JobState.RUNNING):
+        return None
+    r = _copy(rec)
+    r.state, r.reason, r.updated_at = JobState.PREEMPTED, f"preempted for job {for_job}", now
+    return r
+
+
+def requeued(rec: JobRecord, attempt: int, for_job: str, now: float) -> JobRecord | None:
+    """A preempted attempt, its release sent, waits again as the next attempt."""
+    if rec.state is not JobState.PREEMPTED or rec.attempt != attempt:
+        return None
+    r = _copy(rec)
+    _next_attempt(r, f"requeued after preemption for job {for_job}", now)
+    return r
+
+
+# -- placement's answers -------------------------------------------------------------------------------------
+def placed(rec: JobRecord, ev: Committed, domains: list[str], now: float) -> JobRecord | None:
+    """Placement committed an attempt. Adopted even for an older attempt than the one in flight (its order
+    went through after a timeout); an attempt that was placed and is over stays over."""
+    if rec.state in (JobState.PLACED, JobState.RUNNING) and rec.attempt == ev.attempt and not rec.domains:
+        if not domains:
+            return None
+        r = _copy(rec)
+        r.domains = list(domains)  # a rank's start adopted the commit before this event came
+        return r
+    if rec.state is not JobState.PENDING or ev.attempt <= rec.floor:
+        return None  # (an attempt that was placed and is over: a redelivered commit)
+    r = _copy(rec)
+    r.state, r.attempt, r.allocation = JobState.PLACED, ev.attempt, list(ev.nodes)
+    r.domains, r.reason, r.updated_at, r.inflight_since = list(domains), "", now, None
+    r.started_ranks, r.exit_codes = [], {}
+    return r
+
+
+def rejected(rec: JobRecord, ev: Rejected, now: float) -> JobRecord | None:
+    """Placement refused the order in flight (a GPU was taken meanwhile): decide again."""
+    if rec.state is not JobState.PENDING or rec.attempt != ev.attempt or rec.inflight_since is None:
+        return None
+    r = _copy(rec)
+    r.inflight_since, r.reason, r.updated_at = None, f"placement retry: {ev.reason}", now
+    return r
+
+
+# -- the agents' reports -------------------------------------------------------------------------------------
+def started(
+    rec: JobRecord,
+    ev: RankStarted,
+    now: float,
+    *,
+    held: AllocationRecord | None = None,
+    domains: Sequence[str] = (),
+    asked: bool = False,
+) -> JobRecord | None:
+    """A rank started; with every rank, the job runs.
+
+    Agents start a rank only after placement committed its attempt, so a start that finds the job pending
+    adopts the commit whose event is still on its way (another consumer): the order's nodes when this
+    attempt's order is the one in flight, else the allocation placement holds for it (`held`, read once
+    `asked`: without it, NotYet asks the caller to read it).
+    """
+    r = rec
+    adopted = False
+    if rec.state is JobState.PENDING and ev.attempt > rec.floor:
+        nodes = None
+        if held is not None and held.attempt == ev.attempt:
+            nodes = held.nodes
+        elif rec.inflight_since is not None and rec.attempt == ev.attempt:
+            nodes = rec.allocation
+        if nodes is not None:
+            r = _copy(rec)
+            r.state, r.attempt, r.allocation = JobState.PLACED, ev.attempt, list(nodes)
+            r.reason, r.updated_at, r.inflight_since = "", now, None
+            r.domains, r.started_ranks, r.exit_codes = list(domains), [], {}
+            adopted = True
+        elif not asked:
+            raise NotYet(f"job {rec.id}: was attempt {ev.attempt} committed? asking placement's record next time")
+    commit_seen(r, ev.attempt)
+    if r.attempt != ev.attempt or r.state not in (JobState.PLACED, JobState.RUNNING):
+        return None
+    if ev.rank in r.started_ranks:
+        return r if adopted else None
+    if not adopted:
+        r = _copy(r)
+    r.started_ranks = sorted([*r.started_ranks, ev.rank])
+    if len(r.started_ranks) == len(r.allocation) and r.state is JobState.PLACED:
+        r.state, r.started_at, r.updated_at = JobState.RUNNING, now, now
+    return r
+
+
+def exited(rec: JobRecord, ev: RankExited, now: float) -> JobRecord | None:
+    """A rank ended by itself: the job fails with its first failing rank, succeeds when every rank exited 0."""
+    commit_seen(rec, ev.attempt)
+    if rec.attempt != ev.attempt or rec.state not in HOLDING:
+        return None
+    key = f"{ev.node}/{ev.rank}"
+    if key in rec.exit_codes:
+        return None
+    if ev.exit_code == 0 and ev.rank not in rec.started_ranks:
+        # a clean exit always follows the rank's start event; both may have been redelivered out of order,
+        # and the job must pass through running
+        raise NotYet(f"job {rec.id} rank {ev.rank}: exit before its start")
+    r = _copy(rec)
+    r.exit_codes = {**rec.exit_codes, key: ev.exit_code}
+    r.updated_at = now
+    if ev.exit_code != 0:
+        r.state, r.ended_at = JobState.FAILED, now
+        r.reason = f"rank {ev.rank} on {ev.node} exited with {ev.exit_code}" + (f" ({ev.reason})" if ev.reason else "")
+    elif len(r.exit_codes) == len(r.allocation):
+        r.state, r.ended_at, r.reason = JobState.SUCCEEDED, now, ""
+    if r.state in TERMINAL:
+        r.move = None  # it ended before its checkpoint: nothing left to move
+    return r
+
+
+def node_lost(rec: JobRecord, attempt: int, reason: str, now: float) -> JobRecord | None:
+    """A placed, running or migrating attempt lost a node under it: requeued, or failed by on_node_failure."""
+    if rec.attempt != attempt or rec.state not in HOLDING:
+        return None
+    r = _copy(rec)
+    if r.spec.on_node_failure == "fail":
+        r.state, r.ended_at, r.reason, r.move, r.updated_at = JobState.FAILED, now, reason, None, now
+    else:
+        _next_attempt(r, f"requeued: {reason}", now)
+    return r
+
+
+# -- moves: checkpoint → ack → release → place (pinned) → restore ------------------------------------------
+def migrating(rec: JobRecord, m: MoveOrder, now: float) -> JobRecord | None:
+    """The migration service's move of a running attempt: its ranks checkpoint, its GPUs stay held. An
+    empty target stops the ranks to requeue the attempt (any job, checkpointable or not)."""
+    if rec.state is not JobState.RUNNING or rec.attempt != m.attempt or not (rec.spec.checkpointable or not m.target):
+        return None  # ended, moved or requeued meanwhile: the migration service sees it and gives up
+    r = _copy(rec)
+    r.state, r.reason, r.updated_at = JobState.MIGRATING, f"migrating: {m.reason}", now
+    r.move = MoveTicket(migration_id=m.migration_id, target=list(m.target), reason=m.reason, since=now)
+    return r
+
+
+def checkpointed(rec: JobRecord, ev: RankExited, now: float) -> JobRecord | None:
+    """A rank's checkpoint is written (the agent's ack). With every rank's, the next attempt's pinned order
+    on the move's target is in flight, restoring from the checkpoint; with no target, the job is requeued
+    (or failed by on_node_failure) without a restore."""
+    mv = rec.move
+    if rec.state is not JobState.MIGRATING or rec.attempt != ev.attempt or mv is None or ev.rank in mv.acked:
+        return None
+    r = _copy(rec)
+    acks, ran = sorted([*mv.acked, ev.rank]), max(mv.ran_s, ev.ran_s)
+    r.updated_at = now
+    if len(acks) < len(r.allocation):
+        r.move = msgspec.structs.replace(mv, acked=acks, ran_s=ran)
+        return r
+    if not mv.target:
+        if r.spec.on_node_failure == "fail":
+            r.allocation, r.domains, r.started_ranks, r.exit_codes, r.move = [], [], [], {}, None
+            r.state, r.ended_at, r.reason = JobState.FAILED, now, f"evacuated: {mv.reason}"
+        else:
+            _next_attempt(r, f"requeued: evacuated: {mv.reason}", now)
+        return r
+    checkpoint = f"{r.id}:{r.attempt}"
+    _next_attempt(r, "migrating: restoring on " + ", ".join(ng.node for ng in mv.target), now, list(mv.target))
+    r.inflight_since, r.ran_s, r.checkpoint = now, r.ran_s + ran, checkpoint
+    return r
+
+
+def move_aborted(rec: JobRecord, m: MoveAbort, now: float) -> JobRecord | None:
+    """A move whose checkpoint never completed: requeued from the last complete checkpoint."""
+    if rec.state is not JobState.MIGRATING or rec.move is None or rec.move.migration_id != m.migration_id:
+        return None
+    r = _copy(rec)
+    _next_attempt(r, f"requeued: move aborted ({m.reason})", now)
+    return r

@@ -1,0 +1,253 @@
+"""The job's state machine (shared/lifecycle.py): every state x every input, as a table.
+
+A job of 2 nodes x 4 GPUs (checkpointable, `on_node_failure: requeue` unless a column says otherwise), in
+attempt 2 of it; attempt 1 was placed and is over (floor 1). Each cell is what the input does to a record in
+that state:
+
+    -          no change (stale, a duplicate, or nothing new)
+    wait       NotYet: it came before an input it depends on (redelivered later)
+    STATE@N    the new record's state and attempt
+
+Inputs are of attempt 2 unless named `stale` (attempt 1, the floor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+import pytest
+
+from shared import lifecycle
+from shared.lifecycle import NotYet
+from shared.schemas import (
+    AllocationRecord,
+    Committed,
+    JobBody,
+    JobCancel,
+    JobRecord,
+    JobState,
+    JobSubmitted,
+    MoveAbort,
+    MoveOrder,
+    MoveTicket,
+    NodeGpus,
+    RankExited,
+    RankStarted,
+    Rejected,
+)
+
+NOW = 100.0
+HERE = [NodeGpus("n0", [0, 1, 2, 3]), NodeGpus("n1", [0, 1, 2, 3])]
+THERE = [NodeGpus("n2", [0, 1, 2, 3]), NodeGpus("n3", [0, 1, 2, 3])]
+SPEC = JobBody(name="j", tenant="t", gpus=8, checkpointable=True)
+
+
+def _rec(state: JobState, **kw: object) -> JobRecord:
+    return JobRecord(id="j", spec=SPEC, state=state, attempt=2, floor=1, submitted_at=1.0, updated_at=50.0, **kw)
+
+
+STATES: dict[str, JobRecord] = {
+    "pending": _rec(JobState.PENDING, reason="waiting"),
+    "inflight": _rec(JobState.PENDING, inflight_since=90.0, allocation=HERE, reason="placing"),
+    "placed": _rec(JobState.PLACED, allocation=HERE, domains=["d0"]),
+    "running": _rec(JobState.RUNNING, allocation=HERE, domains=["d0"], started_ranks=[0, 1], started_at=60.0),
+    "migrating": _rec(
+        JobState.MIGRATING,
+        allocation=HERE,
+        domains=["d0"],
+        started_ranks=[0, 1],
+        move=MoveTicket(migration_id="m1", target=THERE, reason="defrag", since=95.0),
+    ),
+    "preempted": _rec(JobState.PREEMPTED, allocation=HERE, domains=["d0"]),
+    "succeeded": _rec(JobState.SUCCEEDED, allocation=HERE, ended_at=70.0),
+    "failed": _rec(JobState.FAILED, allocation=HERE, ended_at=70.0),
+    "cancelled": _rec(JobState.CANCELLED, ended_at=70.0),
+}
+
+
+def _fail_on_loss(rec: JobRecord) -> JobRecord:
+    return msgspec.structs.replace(rec, spec=msgspec.structs.replace(SPEC, on_node_failure="fail"))
+
+
+def _exit(rank: int, code: int, attempt: int = 2) -> RankExited:
+    return RankExited(job_id="j", attempt=attempt, node=f"n{rank}", rank=rank, exit_code=code, at=NOW)
+
+
+Transition = Callable[[JobRecord], JobRecord | None]
+INPUTS: dict[str, Transition] = {
+    "cancel": lambda r: lifecycle.cancelled(r, JobCancel(job_id="j", at=NOW), NOW),
+    "ordered": lambda r: lifecycle.ordered(r, 2, THERE, NOW),
+    "timed-out": lambda r: lifecycle.order_timed_out(r, 2, NOW),
+    "reason": lambda r: lifecycle.pending_reason(r, "no room", NOW),
+    "preempt": lambda r: lifecycle.preempted(r, "big", NOW),
+    "requeue": lambda r: lifecycle.requeued(r, 2, "big", NOW),
+    "commit": lambda r: lifecycle.placed(r, Committed(job_id="j", attempt=2, nodes=HERE, at=NOW), ["d0"], NOW),
+    "commit-stale": lambda r: lifecycle.placed(r, Committed(job_id="j", attempt=1, nodes=HERE, at=NOW), ["d0"], NOW),
+    "reject": lambda r: lifecycle.rejected(r, Rejected(job_id="j", attempt=2, reason="taken", at=NOW), NOW),
+    "start": lambda r: lifecycle.started(r, RankStarted(job_id="j", attempt=2, node="n0", rank=0, pid=7, at=NOW), NOW),
+    "start-stale": lambda r: lifecycle.started(
+        r, RankStarted(job_id="j", attempt=1, node="n0", rank=0, pid=7, at=NOW), NOW
+    ),
+    "exit-0": lambda r: lifecycle.exited(r, _exit(0, 0), NOW),
+    "exit-1": lambda r: lifecycle.exited(r, _exit(0, 1), NOW),
+    "exit-stale": lambda r: lifecycle.exited(r, _exit(0, 1, attempt=1), NOW),
+    "lost": lambda r: lifecycle.node_lost(r, 2, "node n0 went down", NOW),
+    "lost-fail": lambda r: lifecycle.node_lost(_fail_on_loss(r), 2, "node n0 went down", NOW),
+    "move": lambda r: lifecycle.migrating(
+        r, MoveOrder(migration_id="m1", job_id="j", attempt=2, target=THERE, reason="defrag", at=NOW), NOW
+    ),
+    "ckpt-ack": lambda r: lifecycle.checkpointed(
+        r, RankExited(**{**msgspec.structs.asdict(_exit(0, 0)), "checkpointed": True}), NOW
+    ),
+    "abort": lambda r: lifecycle.move_aborted(r, MoveAbort(migration_id="m1", job_id="j", reason="slow", at=NOW), NOW),
+}
+
+# fmt: off
+TABLE = """
+input        pending    inflight   placed     running    migrating  preempted  succeeded  failed     cancelled
+cancel       cancelled@2 cancelled@2 cancelled@2 cancelled@2 cancelled@2 cancelled@2 -    -          -
+ordered      pending@3  -          -          -          -          -          -          -          -
+timed-out    -          pending@2  -          -          -          -          -          -          -
+reason       pending@2  -          -          -          -          -          -          -          -
+preempt      -          -          preempted@2 preempted@2 -        -          -          -          -
+requeue      -          -          -          -          -          pending@3  -          -          -
+commit       placed@2   placed@2   -          -          -          -          -          -          -
+commit-stale -          -          -          -          -          -          -          -          -
+reject       -          pending@2  -          -          -          -          -          -          -
+start        wait       placed@2   placed@2   -          -          -          -          -          -
+start-stale  -          -          -          -          -          -          -          -          -
+exit-0       wait       wait       wait       running@2  migrating@2 -         -          -          -
+exit-1       wait       wait       failed@2   failed@2   failed@2   -          -          -          -
+exit-stale   -          -          -          -          -          -          -          -          -
+lost         -          -          pending@3  pending@3  pending@3  -          -          -          -
+lost-fail    -          -          failed@2   failed@2   failed@2   -          -          -          -
+move         -          -          -          migrating@2 -         -          -          -          -
+ckpt-ack     -          -          -          -          migrating@2 -         -          -          -
+abort        -          -          -          -          pending@3  -          -          -          -
+"""
+# fmt: on
+
+
+def _cells() -> list[tuple[str, str, str]]:
+    rows = [line.split() for line in TABLE.strip().splitlines()]
+    header = rows[0][1:]
+    assert header == list(STATES), "the table's columns are the states"
+    assert [r[0] for r in rows[1:]] == list(INPUTS), "the table's rows are the inputs"
+    return [(row[0], state, cell) for row in rows[1:] for state, cell in zip(header, row[1:], strict=True)]
+
+
+def _outcome(transition: Transition, rec: JobRecord) -> str:
+    before = msgspec.msgpack.encode(rec)
+    try:
+        new = transition(rec)
+    except NotYet:
+        return "wait"
+    finally:
+        assert msgspec.msgpack.encode(rec) == before, "a transition changed the record it was given"
+    return "-" if new is None else f"{new.state.value}@{new.attempt}"
+
+
+@pytest.mark.parametrize(("input_", "state", "expected"), _cells(), ids=lambda v: str(v))
+def test_every_state_by_every_input(input_: str, state: str, expected: str) -> None:
+    assert _outcome(INPUTS[input_], STATES[state]) == expected
+
+
+@pytest.mark.parametrize(("input_", "state"), [(i, s) for i, s, _ in _cells()])
+def test_an_input_applied_twice_changes_nothing_the_second_time(input_: str, state: str) -> None:
+    """At-least-once delivery: a redelivered input finds its own effect and leaves the record as it is."""
+    try:
+        first = INPUTS[input_](STATES[state])
+    except NotYet:
+        return
+    if first is None:
+        return
+    again = INPUTS[input_](first)
+    # a rank's start or exit, a checkpoint's ack, and the reason are per-rank or per-value: all idempotent; so
+    # is every state change (its guard no longer holds). Only a new attempt can be ordered again.
+    assert again is None or (input_ == "ordered" and again.attempt == first.attempt + 1)
+
+
+def test_a_start_before_its_commit_waits_and_then_counts() -> None:
+    """Out of order: the start of attempt 2 on an undecided record waits; once placement's record is known it
+    adopts the commit, and the commit's own event that follows only fills in the domains."""
+    pending = STATES["pending"]
+    start = RankStarted(job_id="j", attempt=2, node="n0", rank=0, pid=7, at=NOW)
+    with pytest.raises(NotYet):
+        lifecycle.started(pending, start, NOW)
+    held = AllocationRecord(job_id="j", attempt=2, nodes=HERE, committed_at=NOW)
+    adopted = lifecycle.started(pending, start, NOW, held=held, asked=True)
+    assert adopted is not None and (adopted.state, adopted.allocation, adopted.started_ranks) == (
+        JobState.PLACED,
+        HERE,
+        [0],
+    )
+    assert adopted.domains == []
+    filled = lifecycle.placed(adopted, Committed(job_id="j", attempt=2, nodes=HERE, at=NOW), ["d0"], NOW)
+    assert filled is not None and filled.domains == ["d0"] and filled.started_ranks == [0]
+    # asked, and placement holds nothing for the attempt: nothing to adopt, it waits for the commit still
+    with pytest.raises(NotYet):
+        lifecycle.started(pending, start, NOW, held=None, asked=True)
+
+
+def test_an_exit_before_its_start_waits() -> None:
+    placed = STATES["placed"]
+    with pytest.raises(NotYet):
+        lifecycle.exited(placed, _exit(1, 0), NOW)
+    s1 = lifecycle.started(placed, RankStarted(job_id="j", attempt=2, node="n1", rank=1, pid=8, at=NOW), NOW)
+    assert s1 is not None
+    after = lifecycle.exited(s1, _exit(1, 0), NOW)
+    assert after is not None and after.exit_codes == {"n1/1": 0} and after.state is JobState.PLACED
+
+
+def _replay(rec: JobRecord, steps: list[Transition]) -> JobRecord:
+    for step in steps:
+        rec = step(rec) or rec
+    return rec
+
+
+def test_replaying_a_jobs_inputs_rebuilds_its_record_duplicates_and_all() -> None:
+    """From the submit to the end through a preemption and a move: the record the inputs give is the same
+    when every input is delivered twice."""
+    submit = JobSubmitted(job_id="j", spec=SPEC, submitted_at=1.0)
+
+    def start(attempt: int, rank: int) -> Transition:
+        return lambda r: lifecycle.started(
+            r, RankStarted(job_id="j", attempt=attempt, node=f"n{rank}", rank=rank, pid=rank, at=NOW), NOW
+        )
+
+    def ack(attempt: int, rank: int) -> Transition:
+        ev = RankExited(job_id="j", attempt=attempt, node=f"n{rank}", rank=rank, exit_code=0, at=NOW, checkpointed=True)
+        return lambda r: lifecycle.checkpointed(r, ev, NOW)
+
+    def commit(attempt: int, nodes: list[NodeGpus]) -> Transition:
+        return lambda r: lifecycle.placed(r, Committed(job_id="j", attempt=attempt, nodes=nodes, at=NOW), ["d"], NOW)
+
+    move = MoveOrder(migration_id="m", job_id="j", attempt=2, target=THERE, reason="defrag", at=NOW)
+    steps: list[Transition] = [
+        lambda r: lifecycle.ordered(r, 0, HERE, NOW),
+        commit(1, HERE),
+        start(1, 0),
+        start(1, 1),
+        lambda r: lifecycle.preempted(r, "big", NOW),
+        lambda r: lifecycle.requeued(r, 1, "big", NOW),
+        lambda r: lifecycle.ordered(r, 1, HERE, NOW),
+        commit(2, HERE),
+        start(2, 0),
+        start(2, 1),
+        lambda r: lifecycle.migrating(r, move, NOW),
+        ack(2, 0),
+        ack(2, 1),
+        commit(3, THERE),
+        start(3, 0),
+        start(3, 1),
+        lambda r: lifecycle.exited(r, _exit(0, 0, attempt=3), NOW),
+        lambda r: lifecycle.exited(r, _exit(1, 0, attempt=3), NOW),
+    ]
+    once = _replay(lifecycle.submitted(submit, 0.0), steps)
+    twice = _replay(lifecycle.submitted(submit, 0.0), [s for s in steps for _ in range(2)])
+    assert once == twice
+    assert (once.state, once.attempt, once.floor, once.allocation) == (JobState.SUCCEEDED, 3, 2, THERE)
+    assert once.checkpoint == "j:2" and once.exit_codes == {"n0/0": 0, "n1/1": 0}
+    # stale inputs of the earlier attempts change nothing at the end
+    assert _replay(once, [commit(1, HERE), start(2, 0), lambda r: lifecycle.exited(r, _exit(0, 1, 2), NOW)]) == once
