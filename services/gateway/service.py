@@ -204,12 +204,10 @@ class Gateway:
             except ValueError:
                 allowed = ", ".join(s.value for s in JobState)
                 return error_response(422, f"state: must be one of {allowed}", "state")
-        scope = _listing(request)
+        scope = _listing(request, lambda page: api.JobList(jobs=[], total=0, **page))
         if isinstance(scope, web.Response):
             return scope
-        page, tenant, visible = scope
-        if not visible:
-            return json_response(api.JobList(jobs=[], total=0, **page))
+        page, tenant = scope
         recs, total = await self.deps.store.list_jobs(tenant=tenant, state=state, **page)
         domain_of = await self.domain_of()
         jobs = [views.job_view(r, domain_of) for r in recs]
@@ -217,12 +215,10 @@ class Gateway:
 
     async def list_migrations(self, request: web.Request) -> web.Response:
         """GET /v1/migrations: moves, newest first; users see only their tenant's."""
-        scope = _listing(request)
+        scope = _listing(request, lambda page: api.MigrationList(migrations=[], total=0, **page))
         if isinstance(scope, web.Response):
             return scope
-        page, tenant, visible = scope
-        if not visible:
-            return json_response(api.MigrationList(migrations=[], total=0, **page))
+        page, tenant = scope
         job = request.query.get("job") or None
         recs, total = await self.deps.store.list_migrations(tenant=tenant, job_id=job, **page)
         domain_of = await self.domain_of()
@@ -428,17 +424,22 @@ def _page(q: Any) -> tuple[dict[str, int], web.Response | None]:
     return page, None
 
 
-def _listing(request: web.Request) -> tuple[dict[str, int], str | None, bool] | web.Response:
-    """A list request's page and tenant filter, or the 422 naming a bad page bound. A user sees only its own
-    tenant: asking for another's shows nothing (`visible` False), not a 403 that would confirm it exists."""
+def _listing(
+    request: web.Request, nothing: Callable[[dict[str, int]], msgspec.Struct]
+) -> tuple[dict[str, int], str | None] | web.Response:
+    """A list request's page and tenant filter, or the answer to give at once: the 422 naming a bad page
+    bound, or `nothing(page)` when a user asks for another tenant's (an empty page, not a 403 that would
+    confirm the tenant exists). A user's listing is always of its own tenant."""
     page, bad = _page(request.query)
     if bad is not None:
         return bad
     tenant = request.query.get("tenant") or None
     who = auth.principal(request)
     if who.admin:
-        return page, tenant, True
-    return page, who.tenant, tenant is None or tenant == who.tenant
+        return page, tenant
+    if tenant is not None and tenant != who.tenant:
+        return json_response(nothing(page))
+    return page, who.tenant
 
 
 def load_tokens(deps: Deps) -> Tokens | None:
