@@ -221,8 +221,15 @@ class Bus:
             await asyncio.gather(*(self._lane(lane, handler, retry_delay_s) for lane in lanes.values()))
 
     async def _lane(self, lane: list[tuple[Msg, Any]], handler: Handler[Any], delay: float) -> None:
-        for m, obj in lane:
-            await self._dispatch(m, obj, handler, delay)
+        """One key's messages in stream order. One that isn't handled (yet) holds back those after it: they are
+        redelivered with it, after it, rather than applied before it."""
+        for i, (m, obj) in enumerate(lane):
+            held_back = await self._dispatch(m, obj, handler, delay)
+            if held_back is not None:
+                for later, _ in lane[i + 1 :]:
+                    with contextlib.suppress(Exception):
+                        await later.nak(delay=held_back)
+                return
 
     async def _decode(self, m: Msg, decoder: msgspec.msgpack.Decoder[Any]) -> Any:
         """The message decoded, or _UNDECODABLE once it is dead-lettered and terminated."""
@@ -239,7 +246,8 @@ class Bus:
         if obj is not _UNDECODABLE:
             await self._dispatch(m, obj, handler, delay)
 
-    async def _dispatch(self, m: Msg, obj: Any, handler: Handler[Any], delay: float) -> None:
+    async def _dispatch(self, m: Msg, obj: Any, handler: Handler[Any], delay: float) -> float | None:
+        """Handle and ack one message; when the handler can't (yet), nak it and return the redelivery delay."""
         try:
             await handler(obj, m.headers or {})
         except Retry as e:
@@ -248,16 +256,18 @@ class Bus:
             with contextlib.suppress(Exception):
                 tries = max(1, m.metadata.num_delivered)
             log.debug("%s: not yet (%s); redelivering later", m.subject, e)
+            later = min(delay, RETRY_FIRST_S * 2 ** (tries - 1))
             with contextlib.suppress(Exception):
-                await m.nak(delay=min(delay, RETRY_FIRST_S * 2 ** (tries - 1)))
-            return
+                await m.nak(delay=later)
+            return later
         except Exception:
             log.exception("handler for %s failed; will retry", m.subject)
             with contextlib.suppress(Exception):
                 await m.nak(delay=delay)
-            return
+            return delay
         with contextlib.suppress(Exception):
             await m.ack()
+        return None
 
     async def subscribe(
         self,

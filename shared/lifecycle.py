@@ -4,7 +4,8 @@ Each returns the new record, or None for "no change" (the input is stale, a dupl
 and never changes the record it is given. The queue's handlers are read → transition → compare-and-set →
 publish (`Store.update_job` runs the transition again on the stored record when a CAS loses), so replaying a
 job's inputs through these functions rebuilds its record. `NotYet` says an input arrived before one it
-depends on (a rank's start before its commit): the queue has it redelivered later.
+depends on (a rank's start before its attempt's commit, a clean exit before the rank's start): the queue has
+it redelivered later.
 
     pending ──ordered──▶ (in flight) ──placed──▶ placed ──started (every rank)──▶ running
        ▲                    │ rejected / order_timed_out                           │
@@ -21,14 +22,11 @@ attempt that was placed and is over, so its late commits and starts are ignored.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import msgspec
 
 from shared.schemas import (
     HOLDING,
     TERMINAL,
-    AllocationRecord,
     Committed,
     JobCancel,
     JobRecord,
@@ -64,9 +62,10 @@ def _next_attempt(r: JobRecord, reason: str, now: float, allocation: list[NodeGp
 
 
 def commit_seen(rec: JobRecord, attempt: int) -> None:
-    """Agent events and placement events come through separate consumers: a rank can report before the
-    queue has seen its commit. Such an event waits (NotYet) instead of being dropped."""
-    if rec.state is JobState.PENDING and rec.attempt <= attempt:
+    """A rank's report of an attempt that isn't over, on a job still pending: its commit hasn't been applied
+    yet (agents start only committed attempts, and the queue's inbox has the commit first, but a commit handed
+    out to a process that died comes back only after its ack wait). It waits (NotYet), never dropped."""
+    if rec.state is JobState.PENDING and attempt > rec.floor:
         raise NotYet(f"job {rec.id} attempt {attempt}: commit not seen yet")
 
 
@@ -143,14 +142,9 @@ def requeued(rec: JobRecord, attempt: int, for_job: str, now: float) -> JobRecor
 
 # -- placement's answers -------------------------------------------------------------------------------------
 def placed(rec: JobRecord, ev: Committed, domains: list[str], now: float) -> JobRecord | None:
-    """Placement committed an attempt. Adopted even for an older attempt than the one in flight (its order
-    went through after a timeout); an attempt that was placed and is over stays over."""
-    if rec.state in (JobState.PLACED, JobState.RUNNING) and rec.attempt == ev.attempt and not rec.domains:
-        if not domains:
-            return None
-        r = _copy(rec)
-        r.domains = list(domains)  # a rank's start adopted the commit before this event came
-        return r
+    """Placement committed an attempt. Taken even for an older attempt than the one in flight (its order
+    went through after a timeout; the newer order is refused, as the job holds GPUs); an attempt that was
+    placed and is over stays over."""
     if rec.state is not JobState.PENDING or ev.attempt <= rec.floor:
         return None  # (an attempt that was placed and is over: a redelivered commit)
     r = _copy(rec)
@@ -170,46 +164,17 @@ def rejected(rec: JobRecord, ev: Rejected, now: float) -> JobRecord | None:
 
 
 # -- the agents' reports -------------------------------------------------------------------------------------
-def started(
-    rec: JobRecord,
-    ev: RankStarted,
-    now: float,
-    *,
-    held: AllocationRecord | None = None,
-    domains: Sequence[str] = (),
-    asked: bool = False,
-) -> JobRecord | None:
-    """A rank started; with every rank, the job runs.
-
-    Agents start a rank only after placement committed its attempt, so a start that finds the job pending
-    adopts the commit whose event is still on its way (another consumer): the order's nodes when this
-    attempt's order is the one in flight, else the allocation placement holds for it (`held`, read once
-    `asked`: without it, NotYet asks the caller to read it).
-    """
-    r = rec
-    adopted = False
-    if rec.state is JobState.PENDING and ev.attempt > rec.floor:
-        nodes = None
-        if held is not None and held.attempt == ev.attempt:
-            nodes = held.nodes
-        elif rec.inflight_since is not None and rec.attempt == ev.attempt:
-            nodes = rec.allocation
-        if nodes is not None:
-            r = _copy(rec)
-            r.state, r.attempt, r.allocation = JobState.PLACED, ev.attempt, list(nodes)
-            r.reason, r.updated_at, r.inflight_since = "", now, None
-            r.domains, r.started_ranks, r.exit_codes = list(domains), [], {}
-            adopted = True
-        elif not asked:
-            raise NotYet(f"job {rec.id}: was attempt {ev.attempt} committed? asking placement's record next time")
-    commit_seen(r, ev.attempt)
-    if r.attempt != ev.attempt or r.state not in (JobState.PLACED, JobState.RUNNING):
+def started(rec: JobRecord, ev: RankStarted, now: float) -> JobRecord | None:
+    """A rank started; with every rank, the job runs."""
+    commit_seen(rec, ev.attempt)
+    if (
+        rec.attempt != ev.attempt
+        or rec.state not in (JobState.PLACED, JobState.RUNNING)
+        or ev.rank in rec.started_ranks
+    ):
         return None
-    if ev.rank in r.started_ranks:
-        return r if adopted else None
-    if not adopted:
-        r = _copy(r)
-    r.started_ranks = sorted([*r.started_ranks, ev.rank])
+    r = _copy(rec)
+    r.started_ranks = sorted([*rec.started_ranks, ev.rank])
     if len(r.started_ranks) == len(r.allocation) and r.state is JobState.PLACED:
         r.state, r.started_at, r.updated_at = JobState.RUNNING, now, now
     return r

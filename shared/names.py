@@ -59,13 +59,20 @@ class Names:
     def job_events_all(self) -> str:
         return f"{self.prefix}.events.job.>"
 
+    # What the queue hears about a job from placement and the agents shares one subject prefix, so the queue
+    # reads it as one inbox (one consumer, the stream's order), each job's messages in order: a rank's start
+    # can't overtake its attempt's commit, which placement stores before any agent hears of the attempt.
     @property
     def placement_events(self) -> str:
-        return f"{self.prefix}.events.placement"  # placement → queue: Committed / Rejected / Released
+        return f"{self.prefix}.events.inbox.placement"  # placement → queue: Committed / Rejected / Released
 
     @property
     def agent_events(self) -> str:
-        return f"{self.prefix}.events.agent"  # agents → queue: RankStarted / RankExited
+        return f"{self.prefix}.events.inbox.agent"  # agents → queue: RankStarted / RankExited
+
+    @property
+    def job_inbox(self) -> str:
+        return f"{self.prefix}.events.inbox.>"  # both of the above, as the queue reads them
 
     @property
     def node_events(self) -> str:

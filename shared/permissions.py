@@ -73,8 +73,7 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
         "queue": [
             (stream(n.job_submit), n.consumer("queue", "submit")),
             (stream(n.job_cancel), n.consumer("queue", "cancel")),
-            (stream(n.placement_events), n.consumer("queue", "placement")),
-            (stream(n.agent_events), n.consumer("queue", "agent")),
+            (stream(n.job_inbox), n.consumer("queue", "inbox")),
             (stream(n.node_events), n.consumer("queue", "node")),
             (stream(n.job_move), n.consumer("queue", "move")),
         ],

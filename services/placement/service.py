@@ -87,14 +87,11 @@ class PlacementService(Service):
         else:  # a redelivered order re-sends the same messages: agents and the queue dedupe by msg id
             held = await self.store.allocation(order.job_id)
             nodes = held.nodes if held is not None else order.nodes
-        out = [
-            Outgoing(
-                self.names.placement_events,
-                Committed(job_id=order.job_id, attempt=order.attempt, nodes=nodes, at=self.now()),
-                f"{key}:committed",
-                headers,
-            )
-        ]
+        # The commit is stored before any agent hears of the attempt: a rank's start then always follows it in
+        # the queue's inbox (at the cost of one more wait on the way to the start).
+        committed = Committed(job_id=order.job_id, attempt=order.attempt, nodes=nodes, at=self.now())
+        await self.bus.publish(self.names.placement_events, committed, msg_id=f"{key}:committed", headers=headers)
+        out = []
         for rank, ng in enumerate(nodes):
             cmd = StartRank(
                 job_id=order.job_id,

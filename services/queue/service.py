@@ -37,7 +37,6 @@ from shared.schemas import (
     HOLDING,
     JOB_INTAKE,
     TERMINAL,
-    AllocationRecord,
     CheckpointOrder,
     Committed,
     JobCancel,
@@ -124,7 +123,8 @@ class QueueService(Service):
                 subject, n.consumer(self.name, what), JOB_INTAKE, self.on_intake, stop, key=_job
             )
             self.spawn(consumer, what)
-        for what, subject in (("placement", n.placement_events), ("agent", n.agent_events), ("node", n.node_events)):
+        # placement's and the agents' messages as one inbox: a job's in the order they were stored
+        for what, subject in (("inbox", n.job_inbox), ("node", n.node_events)):
             consumer = self.bus.consume(subject, n.consumer(self.name, what), EVENTS, self.on_event, stop, key=_job)
             self.spawn(consumer, what)
         await self.bus.nc.subscribe(n.cycle_kick, cb=self._on_kick)
@@ -281,41 +281,20 @@ class QueueService(Service):
 
     async def on_started(self, ev: RankStarted) -> None:
         now = self.now()
-        domains: list[str] = []
-        adopted: list[bool] = []
-        held: AllocationRecord | None = None
-
-        def started(rec: JobRecord) -> JobRecord | None:
-            new = lifecycle.started(rec, ev, now, held=held, domains=domains, asked=asked)
-            adopted[:] = [new is not None and rec.state is JobState.PENDING]  # it took the commit in
-            return new
-
-        asked = False
-        cached = self.store.remembered_job(ev.job_id) or await self.store.get_job(ev.job_id)
-        if cached is not None and cached.state is JobState.PENDING:
-            if not (cached.inflight_since is not None and cached.attempt == ev.attempt):
-                held, asked = await self.store.allocation(ev.job_id), True  # rare: an older attempt's late commit
-            nodes = held.nodes if held is not None else cached.allocation
-            domains = await self._domains([ng.node for ng in nodes])
-        rec, changed = await self._update(ev.job_id, started)
-        if rec is None or rec.attempt != ev.attempt or not changed:
-            return
-        if rec.state is not JobState.RUNNING and not any(adopted):
+        rec, changed = await self._update(ev.job_id, lambda r: lifecycle.started(r, ev, now))
+        if rec is None or not changed or rec.state is not JobState.RUNNING:
             return
         key = (rec.id, rec.attempt)
-        out = [self.event(rec)] if rec.state is JobState.RUNNING else []
+        out = [self.event(rec)]
         if key not in self._announced:
             # The placed event goes first unless this process saw it acked: the commit may have been handled
-            # by another replica, by a process that crashed before publishing it, or not yet (its handler
-            # wrote PLACED and is about to publish). The stream's msg-id dedup drops the repeat. Both PUBs
-            # leave in order on one connection, so the log keeps the order without waiting twice.
+            # by another replica (replicas share the inbox), by a process that crashed before publishing it,
+            # or not yet (another replica's handler wrote PLACED and is about to publish). The stream's msg-id
+            # dedup drops the repeat. Both PUBs leave in order on one connection, so the log keeps the order
+            # without waiting twice.
             out.insert(0, self.event(msgspec.structs.replace(rec, state=JobState.PLACED)))
-        if out:
-            await self.bus.publish_all(out)
-        if rec.state is JobState.RUNNING:
-            self._announced.pop(key, None)
-        else:
-            self._announce(key)
+        await self.bus.publish_all(out)
+        self._announced.pop(key, None)
 
     async def on_exited(self, ev: RankExited) -> None:
         if ev.checkpointed:

@@ -1,8 +1,9 @@
 """The queue's event handlers against real NATS and Redis, on races the end-to-end runs hit only under load.
 
-A rank's start can reach the queue before the commit it follows (two consumers), also after the job's order
-timed out and the job was decided again. The start itself proves the commit: it must be adopted, with the
-placed event logged before the running one, and never dropped (the job would stay placed for ever).
+A rank's start follows its commit in the queue's inbox, but a commit handed to a process that died comes
+back only after its ack wait, so a start can still come first, also after the job's order timed out and the
+job was decided again. It must wait for the commit (redelivered later) and then count, with the placed event
+logged before the running one, and never be dropped (the job would stay placed for ever).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest_asyncio
 
 from services.placement.service import PlacementService
 from services.queue.service import QueueService
+from shared.bus import Retry
 from shared.names import Names
 from shared.runtime import Deps
 from shared.schemas import (
@@ -70,24 +72,29 @@ def _started(attempt: int) -> RankStarted:
     return RankStarted(job_id="j", attempt=attempt, node="n0", rank=0, pid=1, at=NOW)
 
 
-async def test_a_start_before_its_commit_adopts_the_order_in_flight(queue: QueueService) -> None:
+async def test_a_start_before_its_commit_waits_for_it(queue: QueueService) -> None:
     order = [NodeGpus("n0", [0])]
     await queue.store.put_job(_job(attempt=1, inflight_since=NOW, allocation=order), new=True)
-    await queue.on_started(_started(1))
+    before = await queue.store.get_job("j")
+    with pytest.raises(Retry):
+        await queue.on_started(_started(1))
+    assert (await queue.store.get_job("j")) == before
+    await queue.on_committed(Committed(job_id="j", attempt=1, nodes=order, at=NOW), {})
+    await queue.on_started(_started(1))  # redelivered
     rec = await queue.store.get_job("j")
     assert rec is not None and (rec.state, rec.attempt, rec.allocation) == (JobState.RUNNING, 1, order)
     assert rec.inflight_since is None and rec.domains == ["d0"]
-    # the commit comes after: nothing changes, its placed event is the one already logged
-    await queue.on_committed(Committed(job_id="j", attempt=1, nodes=order, at=NOW), {})
-    assert (await queue.store.get_job("j")) == rec
     assert await _events(queue, "j") == [("placed", 1), ("running", 1)]
 
 
-async def test_a_start_of_an_attempt_that_timed_out_adopts_what_placement_holds(queue: QueueService) -> None:
+async def test_a_start_of_an_attempt_that_timed_out_waits_for_its_late_commit(queue: QueueService) -> None:
     # attempt 1's order timed out and attempt 2's is in flight, but placement committed attempt 1 after all
     held = [NodeGpus("n0", [0])]
     await queue.store.put_job(_job(attempt=2, inflight_since=NOW, allocation=[NodeGpus("n1", [0])]), new=True)
     assert (await queue.store.commit(AllocationRecord(job_id="j", attempt=1, nodes=held, committed_at=NOW))).ok
+    with pytest.raises(Retry):
+        await queue.on_started(_started(1))
+    await queue.on_committed(Committed(job_id="j", attempt=1, nodes=held, at=NOW), {})
     await queue.on_started(_started(1))
     rec = await queue.store.get_job("j")
     assert rec is not None and (rec.state, rec.attempt, rec.allocation) == (JobState.RUNNING, 1, held)

@@ -21,7 +21,6 @@ import pytest
 from shared import lifecycle
 from shared.lifecycle import NotYet
 from shared.schemas import (
-    AllocationRecord,
     Committed,
     JobBody,
     JobCancel,
@@ -115,7 +114,7 @@ requeue      -          -          -          -          -          pending@3  -
 commit       placed@2   placed@2   -          -          -          -          -          -          -
 commit-stale -          -          -          -          -          -          -          -          -
 reject       -          pending@2  -          -          -          -          -          -          -
-start        wait       placed@2   placed@2   -          -          -          -          -          -
+start        wait       wait       placed@2   -          -          -          -          -          -
 start-stale  -          -          -          -          -          -          -          -          -
 exit-0       wait       wait       wait       running@2  migrating@2 -         -          -          -
 exit-1       wait       wait       failed@2   failed@2   failed@2   -          -          -          -
@@ -169,25 +168,22 @@ def test_an_input_applied_twice_changes_nothing_the_second_time(input_: str, sta
 
 
 def test_a_start_before_its_commit_waits_and_then_counts() -> None:
-    """Out of order: the start of attempt 2 on an undecided record waits; once placement's record is known it
-    adopts the commit, and the commit's own event that follows only fills in the domains."""
-    pending = STATES["pending"]
+    """Out of order (a commit handed to a process that died comes back after its ack wait): the start of an
+    attempt above the floor waits while the job is pending, also when a newer attempt is in flight (the
+    older order went through after a timeout, its commit is taken), and counts once the commit is in."""
     start = RankStarted(job_id="j", attempt=2, node="n0", rank=0, pid=7, at=NOW)
-    with pytest.raises(NotYet):
-        lifecycle.started(pending, start, NOW)
-    held = AllocationRecord(job_id="j", attempt=2, nodes=HERE, committed_at=NOW)
-    adopted = lifecycle.started(pending, start, NOW, held=held, asked=True)
-    assert adopted is not None and (adopted.state, adopted.allocation, adopted.started_ranks) == (
+    for pending in (STATES["pending"], STATES["inflight"], msgspec.structs.replace(STATES["inflight"], attempt=3)):
+        with pytest.raises(NotYet):
+            lifecycle.started(pending, start, NOW)
+    newer_in_flight = msgspec.structs.replace(STATES["inflight"], attempt=3, allocation=THERE)
+    committed = lifecycle.placed(newer_in_flight, Committed(job_id="j", attempt=2, nodes=HERE, at=NOW), ["d0"], NOW)
+    assert committed is not None and (committed.state, committed.attempt, committed.allocation) == (
         JobState.PLACED,
+        2,
         HERE,
-        [0],
     )
-    assert adopted.domains == []
-    filled = lifecycle.placed(adopted, Committed(job_id="j", attempt=2, nodes=HERE, at=NOW), ["d0"], NOW)
-    assert filled is not None and filled.domains == ["d0"] and filled.started_ranks == [0]
-    # asked, and placement holds nothing for the attempt: nothing to adopt, it waits for the commit still
-    with pytest.raises(NotYet):
-        lifecycle.started(pending, start, NOW, held=None, asked=True)
+    after = lifecycle.started(committed, start, NOW)
+    assert after is not None and after.started_ranks == [0] and after.inflight_since is None
 
 
 def test_an_exit_before_its_start_waits() -> None:
