@@ -282,6 +282,15 @@ class GpuReport(msgspec.Struct, kw_only=True, frozen=True):
     health: Literal["ok", "degraded", "down"] = "ok"
 
 
+class RunningRank(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A rank an agent holds: running, or ended with its exit not yet stored (`shared.reconcile`)."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    gpus: list[int] = []
+
+
 class AgentRegister(msgspec.Struct, tag="agent.register", kw_only=True, frozen=True):
     node: str
     cluster_uuid: str
@@ -291,6 +300,7 @@ class AgentRegister(msgspec.Struct, tag="agent.register", kw_only=True, frozen=T
     leaf: str | None = None
     at: float = 0.0
     boot_id: str = ""  # new at every agent start; a registration with a new one clears latched GPU faults
+    ranks: list[RunningRank] = []  # what the agent holds (a registration stands in for that beat's heartbeat)
 
 
 # -- telemetry (agent → inventory, core NATS: high rate, a lost sample is replaced by the next) ----------------
@@ -333,8 +343,9 @@ class Telemetry(msgspec.Struct, tag="agent.telemetry", kw_only=True, frozen=True
 class Heartbeat(msgspec.Struct, tag="agent.heartbeat", kw_only=True, frozen=True):
     node: str
     at: float
-    running: list[str] = []  # job ids with a live rank on the node
     gpus: list[GpuReport] = []
+    ranks: list[RunningRank] = []  # what the agent holds, for the reconciliation of agents and records
+    boot_id: str = ""  # the agent's, as in its registration
 
 
 AgentReport = AgentRegister | Heartbeat

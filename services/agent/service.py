@@ -2,8 +2,10 @@
 
 - At start and every `register_every` heartbeats it publishes its `AgentRegister` (so a restarted
   inventory, or a wiped Redis, learns the node again); in between a `Heartbeat` every `heartbeat_s`, with
-  the job ids running here and the GPUs' health. Both are core NATS: a lost one is replaced by the next.
-  The registration carries a `boot_id` new at every start (inventory then clears latched GPU faults).
+  the GPUs' health. Both are core NATS: a lost one is replaced by the next. Both carry the ranks the agent
+  holds (running, or ended with the exit not yet stored: `held_ranks`), which inventory reconciles with the
+  job records (`shared.reconcile`), and a `boot_id` new at every start (a registration with a new one
+  clears latched GPU faults).
 - Every `telemetry_s` a `Telemetry` sample of every GPU (`backend.telemetry`) on `names.telemetry(node)`,
   core NATS too. Before each report the backend's clock advances (a sim's fault plan, seconds since the
   agent started on the injected clock); while the backend is `silent` the agent sends nothing at all.
@@ -51,6 +53,7 @@ from shared.schemas import (
     Heartbeat,
     RankExited,
     RankStarted,
+    RunningRank,
     StartRank,
     StopRank,
     Telemetry,
@@ -75,6 +78,7 @@ class RankRun:
     checkpointed: bool = False  # stopped by a checkpoint stop (a move): its exit acknowledges the checkpoint
     started_at: float = 0.0
     ended_at: float = 0.0
+    exit_stored: bool = False  # its RankExited is in JetStream: the reports may leave it out
     trace: dict[str, str] = field(default_factory=dict)  # headers carrying the StartRank's trace context
     ended: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -165,8 +169,14 @@ class AgentService(Service):
                 t.cancel()
 
     # -- reports -----------------------------------------------------------------------------------------
-    def running_jobs(self) -> list[str]:
-        return sorted({k[0] for k, r in self.runs.items() if r.running})
+    def held_ranks(self) -> list[RunningRank]:
+        """The ranks this agent holds, for the reports: running, or ended with the exit not stored yet (a rank
+        whose exit is on its way is not lost)."""
+        return [
+            RunningRank(r.cmd.job_id, r.cmd.attempt, r.cmd.rank, list(r.cmd.gpus))
+            for r in self.runs.values()
+            if r.running or not r.exit_stored
+        ]
 
     def _quiet(self) -> bool:
         """Advance the backend's clock; True while it plays a silent node."""
@@ -185,10 +195,16 @@ class AgentService(Service):
                 described = self.backend.describe()
                 if self.relabel is not None:
                     described = self.relabel(described)
-                reg = msgspec.structs.replace(described, at=self.now(), boot_id=self.boot_id)
+                reg = msgspec.structs.replace(described, at=self.now(), boot_id=self.boot_id, ranks=self.held_ranks())
                 await self.bus.publish_core(self.names.agent_register, reg)
             else:
-                hb = Heartbeat(node=self.node, at=self.now(), running=self.running_jobs(), gpus=self.backend.health())
+                hb = Heartbeat(
+                    node=self.node,
+                    at=self.now(),
+                    gpus=self.backend.health(),
+                    ranks=self.held_ranks(),
+                    boot_id=self.boot_id,
+                )
                 await self.bus.publish_core(self.names.agent_heartbeat, hb)
         except Exception:
             log.exception("%s: heartbeat not sent; the next one will be", self.node)
@@ -340,25 +356,26 @@ class AgentService(Service):
             checkpointed=run.checkpointed and not run.lost,
             ran_s=max(0.0, run.ended_at - run.started_at),
         )
-        await self._publish(exited, f"{cmd.job_id}:{cmd.attempt}:{cmd.rank}:exit", run.trace)
+        if await self._publish(exited, f"{cmd.job_id}:{cmd.attempt}:{cmd.rank}:exit", run.trace):
+            run.exit_stored = True
 
-    async def _publish(self, event: RankStarted | RankExited, msg_id: str, headers: Mapping[str, str]) -> None:
-        """Publish until JetStream has it; after shutdown began, give up after a few tries."""
+    async def _publish(self, event: RankStarted | RankExited, msg_id: str, headers: Mapping[str, str]) -> bool:
+        """Publish until JetStream has it (True); after shutdown began, give up after a few tries."""
         delay, tries = 0.1, 0
         while True:
             try:
                 await self.bus.publish(self.names.agent_events, event, msg_id=msg_id, headers=headers)
-                return
+                return True
             except Exception as e:
                 tries += 1
                 if self.stop_event.is_set() and tries >= 3:
                     log.error("%s: %s lost at shutdown: %s", self.node, msg_id, e)
-                    return
+                    return False
                 log.warning("%s: publishing %s failed (%s); retrying", self.node, msg_id, e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
     def _forget_old(self) -> None:
-        finished = [k for k, r in self.runs.items() if not r.running]
+        finished = [k for k, r in self.runs.items() if not r.running and r.exit_stored]
         for key in finished[: max(0, len(finished) - self.keep_finished)]:
             del self.runs[key]

@@ -32,6 +32,7 @@ from shared.schemas import (
     Heartbeat,
     RankExited,
     RankStarted,
+    RunningRank,
     StartRank,
     StopRank,
 )
@@ -160,13 +161,13 @@ async def test_stop_rank_kills_a_long_sleep(harness: Harness) -> None:
     agent = await h.agent(SimBackend(NODE, "d00"), stop_grace_s=WAIT_S)
     await command(h, start(["sleep", "30"]))
     await wait_started(h, "job-1")
-    assert agent.running_jobs() == ["job-1"]
+    assert [(r.job_id, r.attempt) for r in agent.held_ranks()] == [("job-1", 1)]
     await command(h, StopRank(job_id="job-1", node=NODE, reason="cancelled by user"))
     _, exited = await wait_exit(h, "job-1")
     assert isinstance(exited, RankExited)
     assert exited.exit_code == -signal.SIGTERM
     assert exited.reason == "stopped (cancelled by user): killed by SIGTERM"
-    assert agent.running_jobs() == []
+    assert agent.held_ranks() == []  # ended, and its exit stored
 
 
 async def test_redelivered_start_rank_runs_one_process(harness: Harness, tmp_path: Path) -> None:
@@ -283,7 +284,7 @@ async def test_agent_stop_stops_its_ranks_and_reports_them(harness: Harness) -> 
 # -- reports ------------------------------------------------------------------------------------------------
 
 
-async def test_agent_registers_then_heartbeats_with_its_running_jobs(harness: Harness) -> None:
+async def test_agent_registers_then_heartbeats_with_the_ranks_it_holds(harness: Harness) -> None:
     h = harness
     seen: list[AgentRegister | Heartbeat] = []
 
@@ -294,14 +295,20 @@ async def test_agent_registers_then_heartbeats_with_its_running_jobs(harness: Ha
         await h.nc.subscribe(subject, cb=collect)
     await h.nc.flush()
     backend = SimBackend(NODE, "d00", gpus=2)
-    await h.agent(backend, register_every=3)
+    agent = await h.agent(backend, register_every=3)
     await command(h, start(["sleep", "30"]))
     await wait_started(h, "job-1")
     backend.set_health(1, "degraded")
 
     async def enough() -> bool:
-        told = any(isinstance(r, Heartbeat) and r.running == ["job-1"] and r.gpus[1].health == "degraded" for r in seen)
+        told = any(
+            isinstance(r, Heartbeat) and r.ranks == [held] and r.gpus[1].health == "degraded" and r.boot_id == boot
+            for r in seen
+        )
         return told and len(seen) >= 7
+
+    held = RunningRank("job-1", 1, 2, [1, 3])  # what `start` launches: rank 2 on GPUs 1 and 3
+    boot = agent.boot_id
 
     await wait_until(enough, "a heartbeat naming the running job and the degraded GPU")
     # The very first report can beat this test's subscription to other connections (see Harness.until_serving),
@@ -311,6 +318,8 @@ async def test_agent_registers_then_heartbeats_with_its_running_jobs(harness: Ha
     assert isinstance(reg, AgentRegister) and (reg.node, reg.cluster_uuid, len(reg.gpus)) == (NODE, "d00", 2)
     kinds = [type(r).__name__ for r in seen[first : first + 4]]
     assert kinds == ["AgentRegister", "Heartbeat", "Heartbeat", "AgentRegister"]  # every 3rd beat registers
+    later = [r for r in seen[first:] if isinstance(r, AgentRegister) and r.ranks]
+    assert later and later[0].ranks == [held] and later[0].boot_id == boot  # registrations carry the ranks too
 
 
 async def test_trace_context_continues_through_the_agent(harness: Harness) -> None:
