@@ -29,6 +29,7 @@ from shared.schemas import (
     TERMINAL,
     Committed,
     JobCancel,
+    JobEvent,
     JobRecord,
     JobState,
     JobSubmitted,
@@ -39,6 +40,7 @@ from shared.schemas import (
     RankExited,
     RankStarted,
     Rejected,
+    Released,
 )
 
 INTAKE_REASON = "waiting for the next scheduling cycle"
@@ -262,3 +264,100 @@ def move_aborted(rec: JobRecord, m: MoveAbort, now: float) -> JobRecord | None:
     r = _copy(rec)
     _next_attempt(r, f"requeued: move aborted ({m.reason})", now)
     return r
+
+
+# -- the log, and the log replayed ---------------------------------------------------------------------------
+def event_of(rec: JobRecord) -> JobEvent:
+    """The record's state as its JobEvent: the audit log's entry, and what a rebuild takes the queue's
+    decisions from (`recorded`)."""
+    holding = rec.state in HOLDING
+    return JobEvent(
+        job_id=rec.id,
+        state=rec.state,
+        reason=rec.reason,
+        at=rec.updated_at,
+        attempt=rec.attempt,
+        nodes=rec.allocation if holding else [],
+        tenant=rec.spec.tenant,
+        floor=rec.floor,
+        domains=rec.domains if holding else [],
+        move=rec.move if rec.state is JobState.MIGRATING else None,
+        checkpoint=rec.checkpoint,
+        ran_s=rec.ran_s,
+    )
+
+
+# Within one attempt a job's states only move forward, in this order; a later attempt is always further on.
+_PROGRESS = {
+    JobState.PENDING: 0,
+    JobState.PLACED: 1,
+    JobState.RUNNING: 2,
+    JobState.MIGRATING: 3,
+    JobState.PREEMPTED: 4,
+    JobState.SUCCEEDED: 5,
+    JobState.FAILED: 5,
+    JobState.CANCELLED: 5,
+}
+
+
+def recorded(rec: JobRecord, ev: JobEvent) -> JobRecord | None:
+    """A state the queue logged for the job (its JobEvent), taken when it is further on than the record: how
+    a record rebuilt from the log (Redis came back empty, or behind) gets the queue's own decisions, which
+    no input carries (an order, a preemption, a requeue, a move). An event of the record's own state only
+    fills in what its input couldn't (the domains of a commit)."""
+    ahead = (ev.attempt, _PROGRESS[ev.state]) > (rec.attempt, _PROGRESS[rec.state])
+    if not ahead:
+        if (ev.attempt, ev.state) == (rec.attempt, rec.state) and ev.domains and not rec.domains:
+            r = _copy(rec)
+            r.domains = list(ev.domains)
+            return r
+        return None
+    same = ev.attempt == rec.attempt
+    r = _copy(rec)
+    r.state, r.attempt, r.floor, r.reason, r.updated_at = (
+        ev.state,
+        ev.attempt,
+        max(rec.floor, ev.floor),
+        ev.reason,
+        ev.at,
+    )
+    r.inflight_since, r.checkpoint, r.ran_s = None, ev.checkpoint or rec.checkpoint, max(rec.ran_s, ev.ran_s)
+    if not same:
+        r.started_ranks, r.exit_codes, r.started_at = [], {}, None
+        r.allocation, r.domains = [], []
+    if ev.state in HOLDING:
+        r.allocation, r.domains = list(ev.nodes), list(ev.domains) or r.domains
+    if ev.state is JobState.RUNNING and r.started_at is None:
+        r.started_at = ev.at
+    if ev.state in TERMINAL:
+        r.ended_at = ev.at
+    r.move = ev.move if ev.state is JobState.MIGRATING else None
+    return r
+
+
+Logged = JobEvent | Committed | Rejected | Released | RankStarted | RankExited
+
+
+def replayed(rec: JobRecord, msg: Logged, domains: list[str] | None = None) -> JobRecord | None:
+    """One message of the job's log applied to its record, by the transition its handler applies (the queue's
+    decisions by their JobEvents): what a rebuild folds the log with, in the stream's order. `domains`: the
+    NVLink domains of a commit's nodes, as far as known. An input that can't apply is no change (in stream
+    order it comes after what it depends on; one that doesn't is stale)."""
+    try:
+        if isinstance(msg, JobEvent):
+            return recorded(rec, msg)
+        if isinstance(msg, Committed):
+            return placed(rec, msg, domains or [], msg.at)
+        if isinstance(msg, Rejected):
+            return rejected(rec, msg, msg.at)
+        if isinstance(msg, RankStarted):
+            return started(rec, msg, msg.at)
+        if isinstance(msg, RankExited):
+            if msg.checkpointed:
+                return checkpointed(rec, msg, msg.at)
+            if msg.lost and msg.exit_code != 0:
+                return node_lost(rec, msg.attempt, f"the agent on {msg.node} stopped", msg.at)
+            return exited(rec, msg, msg.at)
+    except NotYet:
+        return None
+    return None  # Released: placement's view, not the job's

@@ -417,15 +417,22 @@ class NodeChanged(msgspec.Struct, tag="node.changed", kw_only=True, frozen=True)
 
 
 class JobEvent(msgspec.Struct, tag="job.event", kw_only=True, frozen=True):
-    """One transition of a job's state machine; the stream of these is the job's audit log."""
+    """One transition of a job's state machine; the stream of these is the job's audit log. With the job's
+    submit and its inbox (placement's and the agents' messages) it is what a record is rebuilt from
+    (`shared.lifecycle.replayed`), so it carries what no input carries: the queue's own decisions."""
 
     job_id: str
     state: JobState
     reason: str
     at: float
     attempt: int = 0
-    nodes: list[NodeGpus] = []
+    nodes: list[NodeGpus] = []  # the allocation, while the job holds GPUs (placed, running, migrating)
     tenant: str = ""
+    floor: int = 0  # JobRecord.floor: attempts up to it are over
+    domains: list[str] = []
+    move: MoveTicket | None = None  # while migrating: the move under way
+    checkpoint: str = ""  # the newest checkpoint, and the run time it banked
+    ran_s: float = 0.0
 
 
 class Reservations(msgspec.Struct, kw_only=True):

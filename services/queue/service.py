@@ -40,7 +40,6 @@ from shared.schemas import (
     CheckpointOrder,
     Committed,
     JobCancel,
-    JobEvent,
     JobRecord,
     JobState,
     JobSubmitted,
@@ -166,15 +165,7 @@ class QueueService(Service):
     # -- events out ----------------------------------------------------------------------------------------
     def event(self, rec: JobRecord, headers: Mapping[str, str] | None = None) -> Outgoing:
         """The record's current state as its JobEvent; msg-id dedup makes repeats (redeliveries) harmless."""
-        event = JobEvent(
-            job_id=rec.id,
-            state=rec.state,
-            reason=rec.reason,
-            at=rec.updated_at,
-            attempt=rec.attempt,
-            nodes=rec.allocation if rec.state in HOLDING else [],
-            tenant=rec.spec.tenant,
-        )
+        event = lifecycle.event_of(rec)
         hdrs = dict(headers or {})
         if rec.trace and "traceparent" not in hdrs:
             hdrs["traceparent"] = rec.trace
