@@ -8,6 +8,10 @@
   service's dead-letter subject and terminated; a handler that raises is retried later (nak with
   delay). Neither ends the loop. On stop, the batch in hand is finished and acked before returning.
 - `subscribe` does the same for core NATS subjects (fire-and-forget reports, request/reply).
+- The link: `connected`, `reconnects` (counts every reconnect) and `answers()` (a round trip to the server
+  now) tell a service that judges silence whether it could hear (`shared.liveness`); `on_link` callbacks
+  hear of a disconnect or reconnect at once. Pings every `PING_INTERVAL_S` find a connection that died
+  without a word (a host gone, a network cut) within a few pings, not nats-py's default 4-6 minutes.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ DUPLICATE_WINDOW_S = 120.0
 RETRY_FIRST_S = 0.01  # first redelivery delay of a message whose handler raised Retry
 PUBLISH_TIMEOUT_S = 5.0  # for the acks of publish_all (nats-py's own default for one publish)
 TOP_UP_S = 0.02  # bound on fetching a backlog that another replica took meanwhile
+PING_INTERVAL_S = 10  # client pings; `MAX_OUTSTANDING_PINGS` unanswered ones count as a dead connection
+MAX_OUTSTANDING_PINGS = 3
+LinkListener = Callable[[bool], None]  # called with True on a reconnect, False on a disconnect
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +88,20 @@ class Bus:
         self.names = names
         self.service = service
         self.dead_letters = 0  # count, for metrics and tests
+        self._link_listeners: list[LinkListener] = []
 
     @classmethod
     async def connect(cls, url: str, names: Names, service: str) -> Bus:
+        bus: Bus | None = None  # the callbacks below are made before the bus they report to
+
+        async def disconnected() -> None:
+            if bus is not None:
+                bus._link_changed(False)
+
+        async def reconnected() -> None:
+            if bus is not None:
+                bus._link_changed(True)
+
         nc = await nats.connect(
             # nats-py takes a comma-separated list as one URL: split it, so every server (with its
             # credentials) is in the pool (RACKSCALE_NATS_URL on a cluster)
@@ -91,8 +109,13 @@ class Bus:
             name=f"rackscale-{service}",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
+            ping_interval=PING_INTERVAL_S,
+            max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+            disconnected_cb=disconnected,
+            reconnected_cb=reconnected,
         )
-        return cls(nc, names, service)
+        bus = cls(nc, names, service)
+        return bus
 
     async def close(self) -> None:
         # consumers have stopped by now: flush what was published, then close (drain would wait on
@@ -101,6 +124,44 @@ class Bus:
             await self.nc.flush(timeout=2)
         with contextlib.suppress(Exception):
             await self.nc.close()
+
+    # -- the link ----------------------------------------------------------------------------------------
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is up now (False while nats-py reconnects)."""
+        return self.nc.is_connected
+
+    @property
+    def reconnects(self) -> int:
+        """How many times the connection came back: a change means a break, however short."""
+        return int(self.nc.stats.get("reconnects", 0))
+
+    def on_link(self, listener: LinkListener) -> None:
+        """Call `listener(False)` when the connection drops and `listener(True)` when it is back (only on a
+        bus made by `connect`; `connected` and `reconnects` work on any)."""
+        self._link_listeners.append(listener)
+
+    async def answers(self, timeout: float = 2.0) -> bool:
+        """Whether the server answers a round trip now: a connection can look up and be dead (a network cut
+        no packet announced), and only a round trip tells."""
+        if not self.nc.is_connected:
+            return False
+        try:
+            await self.nc.flush(timeout=timeout)
+        except Exception:
+            return False
+        return True
+
+    def _link_changed(self, up: bool) -> None:
+        if up:
+            log.warning("%s: NATS connection back (reconnect %d)", self.service, self.reconnects)
+        else:
+            log.warning("%s: NATS connection lost; reconnecting", self.service)
+        for listener in list(self._link_listeners):
+            try:
+                listener(up)
+            except Exception:
+                log.exception("%s: a link listener failed", self.service)
 
     # -- streams ---------------------------------------------------------------------------------------
     async def ensure_streams(self, replicas: int = 1) -> None:

@@ -8,7 +8,8 @@ log, data) in a temp dir that `stop()` removes.
         connect(nats_srv.url, valkey_srv.url)
 
 `kill()` + `restart()` keep the port and the JetStream store, so tests can crash the server and check what
-survived.
+survived. `EmbeddedValkey(replica_of=port)` and `EmbeddedSentinel` make a primary + replicas + Sentinels set on
+loopback (Sentinel is valkey-server in sentinel mode).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import BinaryIO, Self
 __all__ = [
     "BinaryNotFoundError",
     "EmbeddedNats",
+    "EmbeddedSentinel",
     "EmbeddedValkey",
     "ServerStartError",
     "find_nats_server",
@@ -361,13 +363,18 @@ class EmbeddedNats(_EmbeddedServer):
 
 
 class EmbeddedValkey(_EmbeddedServer):
-    """valkey-server on 127.0.0.1 without persistence (no RDB snapshots, no AOF): data lives in memory only."""
+    """valkey-server on 127.0.0.1 without persistence (no RDB snapshots, no AOF): data lives in memory only.
+
+    `replica_of`: the port of a primary on 127.0.0.1 this server replicates."""
 
     kind = "valkey"
 
-    def __init__(self, port: int = 0, *, start_timeout: float = 15.0, stop_grace: float = 5.0) -> None:
+    def __init__(
+        self, port: int = 0, *, replica_of: int | None = None, start_timeout: float = 15.0, stop_grace: float = 5.0
+    ) -> None:
         super().__init__(port, start_timeout=start_timeout, stop_grace=stop_grace)
         self.binary = find_valkey_server()
+        self.replica_of = replica_of
 
     @property
     def url(self) -> str:
@@ -383,16 +390,75 @@ class EmbeddedValkey(_EmbeddedServer):
             "daemonize": "no",
             "logfile": "",  # stdout, i.e. our log file
         }
-        return [str(self.binary), *(arg for key, value in options.items() for arg in (f"--{key}", value))]
+        cmd = [str(self.binary), *(arg for key, value in options.items() for arg in (f"--{key}", value))]
+        if self.replica_of is not None:
+            cmd += ["--replicaof", self.host, str(self.replica_of)]
+        return cmd
 
     def _probe(self, sock: socket.socket, reader: BinaryIO) -> bool:
-        # PING must answer PONG (a server still loading says -LOADING); INFO's process_id proves the answer
-        # comes from our process and not from another server already on the port.
-        sock.sendall(b"PING\r\nINFO server\r\n")
-        if not reader.readline(_MAX_LINE).startswith(b"+PONG"):
-            return False
-        header = reader.readline(_MAX_LINE)
-        if not header.startswith(b"$"):
-            return False
-        body = reader.read(int(header[1:]) + 2)
-        return f"process_id:{self.pid}\r\n".encode() in body
+        return _valkey_answers(sock, reader, self.pid)
+
+
+class EmbeddedSentinel(_EmbeddedServer):
+    """A Sentinel (valkey-server in sentinel mode) on 127.0.0.1 watching the primary `master_port` as `service`.
+
+    Quick on purpose: a primary is down after `down_after_ms` without an answer, and `quorum` Sentinels must
+    agree. The config file lives in the temp dir (Sentinel rewrites it with what it learns)."""
+
+    kind = "sentinel"
+
+    def __init__(
+        self,
+        master_port: int,
+        port: int = 0,
+        *,
+        service: str = "mymaster",
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 10_000,
+        start_timeout: float = 15.0,
+        stop_grace: float = 5.0,
+    ) -> None:
+        super().__init__(port, start_timeout=start_timeout, stop_grace=stop_grace)
+        self.binary = find_valkey_server()
+        self.master_port = master_port
+        self.service = service
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+
+    def _prepare(self, retry: bool) -> None:
+        if retry:  # the port of the last attempt was taken: write the config again with the new one
+            (self.tmp_dir / "sentinel.conf").unlink(missing_ok=True)
+
+    def _command(self, port: int) -> list[str]:
+        conf = self.tmp_dir / "sentinel.conf"
+        if not conf.exists():  # a restart keeps what the Sentinel learned and wrote back
+            s = self.service
+            lines = [
+                f"port {port}",
+                f"bind {self.host}",
+                f"dir {json.dumps(str(self.tmp_dir))}",
+                f"sentinel monitor {s} {self.host} {self.master_port} {self.quorum}",
+                f"sentinel down-after-milliseconds {s} {self.down_after_ms}",
+                f"sentinel failover-timeout {s} {self.failover_timeout_ms}",
+                f"sentinel parallel-syncs {s} 1",
+            ]
+            conf.write_text("\n".join(lines) + "\n")
+        return [str(self.binary), str(conf), "--sentinel"]
+
+    def _probe(self, sock: socket.socket, reader: BinaryIO) -> bool:
+        return _valkey_answers(sock, reader, self.pid)
+
+
+def _valkey_answers(sock: socket.socket, reader: BinaryIO, pid: int | None) -> bool:
+    # PING must answer PONG (a server still loading says -LOADING); INFO's process_id proves the answer
+    # comes from our process and not from another server already on the port.
+    sock.sendall(b"PING\r\nINFO server\r\n")
+    if not reader.readline(_MAX_LINE).startswith(b"+PONG"):
+        return False
+    header = reader.readline(_MAX_LINE)
+    if not header.startswith(b"$"):
+        return False
+    body = reader.read(int(header[1:]) + 2)
+    return f"process_id:{pid}\r\n".encode() in body

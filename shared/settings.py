@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from shared.core.cycle import LEND_MIN_NODES
 from shared.core.policies import POLICIES
 from shared.names import Names
+from shared.redis_client import parse_redis_url
 
 __all__ = ["Setting", "Settings", "SettingsError"]
 
@@ -86,6 +87,18 @@ def _url(*schemes: str) -> _Parser:
     return _Parser(f"URL ({'|'.join(s + '://' for s in schemes)}); unset: start an embedded server", parse)
 
 
+def _redis_url(raw: str) -> str:
+    parse_redis_url(raw)  # the one parser of the forms (shared.redis_client); raises ValueError with the reason
+    return raw
+
+
+_REDIS_URL = _Parser(
+    "URL (redis:// | rediss:// | unix:// | redis+sentinel://host:port,host:port/service/db); "
+    "unset: start an embedded server",
+    _redis_url,
+)
+
+
 def _choice(*options: str, fold: Callable[[str], str] = str.lower) -> _Parser:
     def parse(raw: str) -> str:
         value = fold(raw)
@@ -130,7 +143,11 @@ class Settings:
         "RACKSCALE_NATS_URL", _url("nats", "tls", "ws", "wss"), None, "NATS server(s); unset: embedded nats-server"
     )
     redis_url: str | None = _env(
-        "RACKSCALE_REDIS_URL", _url("redis", "rediss", "unix"), None, "Redis/Valkey; unset: embedded valkey-server"
+        "RACKSCALE_REDIS_URL",
+        _REDIS_URL,
+        None,
+        "Redis/Valkey: one server, or a Sentinel set as redis+sentinel://h1:26379,h2:26379/mymaster/0 "
+        "(shared.redis_client); unset: embedded valkey-server",
     )
     cell: str = _env("RACKSCALE_CELL", _cell, "c0", "scheduling cell, used as the Redis hash tag {cell}", kind="name")
     prefix: str = _env(

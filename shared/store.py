@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from shared.names import Names
+from shared.redis_client import redis_client
 from shared.schemas import (
     ALLOCATION_RECORD,
     JOB_RECORD,
@@ -35,6 +36,26 @@ from shared.schemas import (
     Reservations,
     encode,
 )
+
+# Retry safety. The client retries a command that failed on a broken connection or a timeout (a restart,
+# CLIENT KILL, a failover: shared/redis_client.py), and after such an error the command may or may not have
+# run. So every command sent here must come out the same when it runs twice:
+# - reads (GET, MGET, HGET, HGETALL, SMEMBERS, ZRANGE*, ZMSCORE, read pipelines, ALLOC_RECORDS_LUA): no effect.
+# - writes of a value (SET, MSET, DEL, SADD, SREM, HSET, ZADD NX/GT) and MULTI/EXEC pipelines of them (put_node,
+#   put_job, put_migration, put_reservations, touch_nodes): the same value again. Only a write another writer
+#   made in between could be undone; a key family has one writer (inventory's replicas: the last write wins
+#   and the next heartbeat heals it, as without a retry), and the retry follows within a second.
+# - INCR topo:gen (put_node): a second bump only makes topology caches read once more.
+# - COMMIT_LUA: run again after it committed, it finds its own attempt held and answers 'dup', which placement
+#   handles as a redelivered order (the same messages with the same msg ids). If it hadn't run, it decides anew.
+# - RELEASE_LUA: run again after it released, the attempt is gone: 0, "held nothing", which callers take as done.
+# - LEASE_LUA: run again, the holder finds the lease its own and renews it: the same answer (a caller counts its
+#   trust in the lease from before the first try, as the queue does, so a later renewal only adds margin).
+# - JOB_CAS_LUA (create_job, update_job): run again after it wrote, the stored record is the new one, not the
+#   expected one; the script counts that as written, so the caller's side effects (events, releases) aren't
+#   skipped as if another writer had won.
+# - EVALSHA after a restart or failover: NOSCRIPT means it didn't run; redis-py loads the script and runs it.
+# - WATCH/MULTI: redis-py never retries while watching; nothing here watches (the job CAS is one script).
 
 # KEYS: alloc:{job}, allocs, gpus:{node_1..n}, nodestate:{node_1..n}
 # ARGV: job_id, attempt, record, n, gpu lists ("0,1,2,3") for nodes 1..n
@@ -70,10 +91,11 @@ return {'ok'}
 # Compare-and-set of one job record with its index sets, one round trip (WATCH/GET/MULTI took three).
 # KEYS: job:{id}, jobs:active, jobs:undecided, jobs; ARGV: the record the caller decided on ('' = none may exist
 # yet), the new record, job id, in active (0/1), in undecided (0/1), submit score (only for a new job: ZADD NX).
-# Returns {1} when written, else {0, the stored record or false}.
+# Returns {1} when written, else {0, the stored record or false}. A stored record that already is the new one
+# counts as written: a retried call whose first try landed (the index writes below are idempotent).
 JOB_CAS_LUA = """
 local cur = redis.call('GET', KEYS[1])
-if (cur or '') ~= ARGV[1] then return {0, cur} end
+if (cur or '') ~= ARGV[1] and cur ~= ARGV[2] then return {0, cur} end
 redis.call('SET', KEYS[1], ARGV[2])
 if ARGV[4] == '1' then redis.call('SADD', KEYS[2], ARGV[3]) else redis.call('SREM', KEYS[2], ARGV[3]) end
 if ARGV[5] == '1' then redis.call('SADD', KEYS[3], ARGV[3]) else redis.call('SREM', KEYS[3], ARGV[3]) end
@@ -154,7 +176,8 @@ class Store:
 
     @classmethod
     def from_url(cls, url: str, names: Names) -> Store:
-        return cls(aioredis.from_url(url, decode_responses=False), names)
+        """A store on `url`: one server or a Sentinel set (`shared.redis_client`), with reconnection and retry."""
+        return cls(redis_client(url, decode_responses=False), names)
 
     async def close(self) -> None:
         await self.r.aclose()

@@ -6,6 +6,9 @@
   the GPU health, and brings a down node back (up, or draining if an operator drained it).
 - A timer (`check_once(now)`, every `heartbeat_s`) marks a node down when it sent nothing for
   `missed_heartbeats * heartbeat_s` seconds. Time comes from the injected clock, so tests drive it.
+  Only the time inventory could hear counts (`shared.liveness`): while its NATS connection is down nothing
+  is judged, and after a reconnect (or a Redis outage that lost heartbeats, or a server that stopped
+  answering) every node gets a fresh grace of the whole limit. A bus outage is not a node's silence.
 - `names.node_admin` (request/reply, `NodeAdmin` → `AdminReply`): drain / undrain. An unknown node gets
   ok=False and error "unknown node X". A drain survives the node going down and coming back.
 
@@ -41,6 +44,7 @@ from nats.aio.msg import Msg
 from services.inventory.health import BATCH_WINDOW_S, HealthMonitor, load_rules
 from shared.core.topology_io.agents import NO_FABRIC_UUIDS
 from shared.health import HealthRules, merge_health
+from shared.liveness import Hearing, lost, may_judge, observe, overdue, silent_for
 from shared.runtime import Deps, Service
 from shared.schemas import (
     AGENT_REPORTS,
@@ -144,6 +148,11 @@ class InventoryService(Service):
         super().__init__(deps)
         self.check_interval_s = check_interval_s or deps.settings.heartbeat_s
         self.started_at = 0.0
+        # since when inventory could hear every node without a break (its start, its last reconnect, the end
+        # of the last Redis outage that lost heartbeats): silence counts only from there
+        self.hearing = Hearing(since=0.0)
+        self._store_down = False  # recording heartbeats failed: they are lost until Redis answers again
+        self._store_breaks = 0  # Redis outages that lost heartbeats, ended (part of the hearing's epoch)
         self.unknown_heartbeats = 0  # heartbeats from nodes that never registered (count, for tests/metrics)
         self._locks: dict[str, asyncio.Lock] = {}
         self._subs: list[Any] = []
@@ -170,6 +179,8 @@ class InventoryService(Service):
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.started_at = self.now()
+        self.hearing = Hearing(since=self.started_at, epoch=self._link_epoch())
+        self.bus.on_link(lambda _up: self._hear(self.now()))
         for subject in (self.names.agent_register, self.names.agent_heartbeat):
             self._subs.append(await self.bus.subscribe(subject, AGENT_REPORTS, self._on_report, queue=QUEUE_GROUP))
         self._subs.append(
@@ -295,7 +306,10 @@ class InventoryService(Service):
             return
         try:
             await handle(batch)
+            self._store_back()
         except STORE_ERRORS as e:
+            # heartbeats lost: until Redis is back nodes' silence isn't theirs (a fresh grace after)
+            self._store_down = True
             log.warning("%d %s dropped, Redis unavailable: %s", len(batch), what, e)
         except Exception:
             log.exception("%d %s failed; the agents' next ones are the retry", len(batch), what)
@@ -351,24 +365,35 @@ class InventoryService(Service):
     async def check_once(self, now: float | None = None) -> list[NodeChanged]:
         """Mark down every node silent for longer than `missed_heartbeats * heartbeat_s`; the events sent.
 
-        Silence is counted from the later of the node's last heartbeat and this service's start, so a
-        restarted inventory doesn't mark the whole fleet down before it could hear from anyone.
+        Silence counts only while inventory could hear (`shared.liveness`): from the later of the node's last
+        heartbeat and the end of inventory's last break — its start (a restarted inventory doesn't mark the
+        fleet down before it could hear from anyone), its last NATS reconnect, the end of a Redis outage that
+        lost heartbeats. While its connection is down, or the server doesn't answer a round trip, nobody is
+        judged.
         """
         now = self.now() if now is None else now
         changes: list[NodeChanged] = []
-        if now - self.started_at <= self.down_after_s:
+        self._hear(now)
+        if not may_judge(self.hearing, now, self.down_after_s):
             return changes
         # the liveness zset names the silent nodes: a quiet fleet costs one command, not a read of every record
         silent = await self.store.silent_nodes(now - self.down_after_s)
+        if self._store_back():  # Redis answers again after losing heartbeats: a fresh grace from here
+            self._hear(now)
+            return changes
         states = await self.store.node_states(silent)
-        for name, state in zip(silent, states, strict=True):
-            if state is None or state == "down":
-                continue
+        doomed = [name for name, state in zip(silent, states, strict=True) if state is not None and state != "down"]
+        if doomed and not await self.bus.answers():
+            # a connection can look up and be dead: judge nobody until the server answers again
+            self.hearing = lost(self.hearing)
+            log.warning("NATS doesn't answer: no node is judged until it does (then a fresh grace)")
+            return changes
+        for name in doomed:
             async with self._lock(name):
                 rec = await self.store.get_node(name)  # a heartbeat may have landed meanwhile
                 if rec is None or rec.state == "down" or not self._silent(rec, now):
                     continue
-                silent_s = now - max(rec.last_heartbeat, self.started_at)
+                silent_s = silent_for(self.hearing, rec.last_heartbeat, now)
                 rec.state = "down"
                 rec.reason = f"no heartbeat for {silent_s:.1f}s (limit {self.down_after_s:g}s)"
                 await self._save(rec, changed=True)
@@ -378,7 +403,28 @@ class InventoryService(Service):
         return changes
 
     def _silent(self, rec: NodeRecord, now: float) -> bool:
-        return now - max(rec.last_heartbeat, self.started_at) > self.down_after_s
+        return overdue(self.hearing, rec.last_heartbeat, now, self.down_after_s)
+
+    def _link_epoch(self) -> int:
+        return self.bus.reconnects + self._store_breaks
+
+    def _hear(self, now: float) -> None:
+        """Look at the links heartbeats come through (NATS, and Redis where they are recorded)."""
+        before = self.hearing
+        up = self.bus.connected and not self._store_down
+        self.hearing = observe(before, connected=up, epoch=self._link_epoch(), now=now)
+        if self.hearing.deaf and not before.deaf:
+            log.warning("inventory can't hear the nodes: no node is judged until it can again")
+        elif self.hearing is not before and not self.hearing.deaf:  # a break ended
+            log.warning("inventory hears again: every node has %gs from now before silence counts", self.down_after_s)
+
+    def _store_back(self) -> bool:
+        """Redis answered: if recording heartbeats had failed, that outage is over (True)."""
+        if not self._store_down:
+            return False
+        self._store_down = False
+        self._store_breaks += 1
+        return True
 
     # -- drain / undrain ---------------------------------------------------------------------------------
     async def _on_admin(self, req: NodeAdmin, msg: Msg) -> None:

@@ -26,7 +26,9 @@ It decides; the queue (which owns job records) carries a move out; placement and
   advance from the job's own events (`events.job.>`, a core subscription: hints, with the job records
   read back every round as the truth); a step not done within
   `RACKSCALE_MIGRATION_STEP_TIMEOUT_S` is rolled back (a checkpoint that never completes: MoveAbort, the
-  queue requeues the job). A restarted service reads its records back, re-sends the MoveOrder of a move
+  queue requeues the job). Steps are carried by NATS, so only the time this service could hear counts
+  (`shared.liveness`): no step times out while its connection is down, and after a reconnect (or its start)
+  each step gets the whole timeout again. A restarted service reads its records back, re-sends the MoveOrder of a move
   still `requested` (the queue dedupes it) and reconciles the rest from the job records: the queue drives a
   move to its end without this service, so a crash here never leaves a job running twice or lost.
 
@@ -54,6 +56,7 @@ from shared.core.rebalance import HeatSums, offsets_from_sums, plan_rebalance
 from shared.core.topology import GpuState, NodeState
 from shared.held import occupy, occupy_held, reserved_domains
 from shared.jobs import record_spec
+from shared.liveness import Hearing, observe, overdue
 from shared.metrics import MigrationMetrics
 from shared.runtime import Deps, Service
 from shared.schemas import (
@@ -100,6 +103,7 @@ class MigrationService(Service):
         self.last_evac = float("-inf")
         self.evac_gen = -1  # topology generation of the last evacuation pass
         self.leading = False  # holds the lease: the only replica that plans and writes records
+        self.hearing = Hearing(since=0.0)  # since when steps could be heard without a break (start, reconnect)
         # rebalancing: the sums of each node's latest GPU samples (received at, sums), and since when the
         # domains' heat spread has exceeded the limit
         self.heat: dict[str, tuple[float, HeatSums]] = {}
@@ -111,6 +115,8 @@ class MigrationService(Service):
     # -- lifecycle -------------------------------------------------------------------------------------------
     async def start(self) -> None:
         n, stop = self.names, self.stop_event
+        self.hearing = Hearing(since=self.now(), epoch=self.bus.reconnects)
+        self.bus.on_link(lambda _up: self._hear(self.now()))
         self.spawn(self.bus.consume(n.node_events, n.consumer(self.name, "node"), EVENTS, self.on_event, stop), "node")
         # job events are hints (the job records are the truth, reconciled every round): a core subscription,
         # so the busiest subject costs no acks; what it misses while down the next round reads from Redis
@@ -317,6 +323,7 @@ class MigrationService(Service):
     async def reconcile(self, jobs: Mapping[str, JobRecord], now: float) -> None:
         """Moves whose job events this service missed (a restart) or whose step ran out of time."""
         timeout = self.deps.settings.migration_step_timeout_s
+        self._hear(now)
         for rec in self.active():
             job = jobs.get(rec.job_id) or await self.store.get_job(rec.job_id)
             if job is None:
@@ -326,8 +333,8 @@ class MigrationService(Service):
             if rec.state in FINAL:
                 continue
             since = max(rec.steps.values(), default=rec.created_at)
-            if now - since <= timeout:
-                continue
+            if not overdue(self.hearing, since, now, timeout):
+                continue  # in time, or this service couldn't hear the step (its connection was down)
             if rec.state == "requested" and "abort" not in rec.steps:
                 # the queue never took it (the job wasn't running any more): nothing to undo
                 await self._finish(rec, "rolled_back", now, f"the queue didn't start the move within {timeout:g}s")
@@ -341,6 +348,10 @@ class MigrationService(Service):
                 await self._finish(
                     rec, "rolled_back", now, f"restore not running in {timeout:g}s; re-placed by the queue"
                 )
+
+    def _hear(self, now: float) -> None:
+        """Look at the bus: a break (a disconnection, a reconnect) gives every step the whole timeout again."""
+        self.hearing = observe(self.hearing, connected=self.bus.connected, epoch=self.bus.reconnects, now=now)
 
     def _budget(self, now: float) -> MigrationBudget:
         """Moves in flight and GPU-seconds of moving started in the last hour, against the settings."""

@@ -21,6 +21,7 @@ from nats.aio.client import Client as NatsClient
 
 from shared.embedded import EmbeddedNats, EmbeddedValkey
 from shared.names import Names
+from shared.redis_client import redis_client as make_redis_client
 from shared.runtime import Deps
 from shared.schemas import NodeRecord
 from shared.settings import Settings
@@ -59,7 +60,7 @@ def namespace() -> str:
 @pytest_asyncio.fixture
 async def redis_client(redis_url: str, namespace: str) -> AsyncIterator[aioredis.Redis]:
     """redis.asyncio client (str responses); keys starting with `namespace` are deleted at teardown."""
-    client = aioredis.from_url(redis_url, decode_responses=True)
+    client = make_redis_client(redis_url, decode_responses=True)  # RACKSCALE_REDIS_URL may name a Sentinel set
     try:
         yield client
     finally:
@@ -96,7 +97,7 @@ async def service_deps(
 
 async def delete_redis_namespace(url: str, namespace: str) -> int:
     """Delete every key starting with `namespace`; returns how many. Own connection: the test may have closed its."""
-    client = aioredis.from_url(url)
+    client = make_redis_client(url)
     try:
         deleted = 0
         # SCAN, not KEYS: a shared server may be large and KEYS blocks it.

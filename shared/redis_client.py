@@ -1,0 +1,182 @@
+"""Redis clients for the services: the one URL form of `RACKSCALE_REDIS_URL`, reconnection and retry.
+
+The URL is one of
+
+- `redis://[[user]:password@]host[:port][/db][?option=value&...]`, `rediss://...` (TLS) or
+  `unix:///path/to/socket?db=N`: one server, read by redis-py (`redis.asyncio.from_url`);
+- `redis+sentinel://[[user]:password@]host[:port],host[:port],.../service[/db][?option=value&...]`: a Sentinel
+  set (port 26379 unless given) watching the primary named `service`. Each new connection asks the Sentinels
+  where the primary is, so the client follows a failover; a primary demoted to a replica (READONLY) counts
+  as a broken connection. The user and password are the data nodes' (primary and replicas); the options
+  `sentinel_username` / `sentinel_password` give the Sentinels' own where they require auth.
+
+Options for both forms: `socket_timeout` (s, default `SOCKET_TIMEOUT_S`: a read that hangs on a dead host
+ends) and `socket_connect_timeout` (s, default `CONNECT_TIMEOUT_S`). `parse_redis_url` is the one parser
+(`shared.settings` validates with it); `redis_client` builds the client.
+
+Every client retries a command that failed on a broken connection or a timeout (a pooled connection the server
+closed: a restart, `CLIENT KILL`, a failover, a server still loading its data) on a fresh connection: up to
+`RETRIES` times with jittered exponential backoff from `BACKOFF_BASE_S` (at most `BACKOFF_CAP_S` between
+tries), well under 1.5 s in all before the error surfaces. Without it, redis-py's `from_url` clients don't retry
+at all, and every connection in a pool broken by a restart fails one command in its turn: a gateway with a
+large idle pool answered 503 for 20+ s after Redis was back. No `health_check_interval`: the retry covers a
+connection that broke while idle without a PING before every command.
+
+After such an error the client can't tell whether the command ran, so the retry is only safe for commands
+that may run twice: every command `shared.store.Store` sends is (its "Retry safety" note says why, family by
+family). Code that sends other commands through these clients must check the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+
+__all__ = ["RedisTarget", "parse_redis_url", "redis_client", "retry_policy"]
+
+SCHEMES = ("redis", "rediss", "unix")
+SENTINEL_SCHEME = "redis+sentinel"
+SENTINEL_PORT = 26379
+RETRIES = 3  # tries after the first; connecting retries on its own too (redis-py), both with this backoff
+BACKOFF_BASE_S = 0.02
+BACKOFF_CAP_S = 0.25
+CONNECT_TIMEOUT_S = 2.0
+SOCKET_TIMEOUT_S = 10.0
+_TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
+_SENTINEL_OPTIONS = (*_TIMEOUTS, "sentinel_username", "sentinel_password")
+_FORMS = f"{'|'.join(SCHEMES)}|{SENTINEL_SCHEME}"
+
+
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
+    """Where a Redis URL points: one server (`sentinels` empty; redis-py reads `url`), or a Sentinel set."""
+
+    url: str
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def sentinel(self) -> bool:
+        return bool(self.sentinels)
+
+
+def parse_redis_url(url: str) -> RedisTarget:
+    """The target of a Redis URL (forms above); ValueError saying what is wrong, without the URL (it may hold a
+    password)."""
+    parts = urlsplit(url.strip())
+    if parts.scheme in SCHEMES:
+        if not (parts.netloc or parts.path):
+            raise ValueError(f"is not a {_FORMS} URL")
+        return RedisTarget(url=url.strip())
+    if parts.scheme != SENTINEL_SCHEME:
+        raise ValueError(f"is not a {_FORMS} URL")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    username, password = None, None
+    if userinfo:
+        user, colon, secret = userinfo.partition(":")
+        username, password = unquote(user) or None, unquote(secret) if colon else None
+    sentinels = tuple(_host_port(h) for h in hosts.split(",") if h.strip())
+    if not sentinels:
+        raise ValueError(f"names no Sentinel ({SENTINEL_SCHEME}://host:port,host:port/service/db)")
+    path = [p for p in parts.path.split("/") if p]
+    if not path or len(path) > 2:
+        raise ValueError(f"must name the service and optionally the db: {SENTINEL_SCHEME}://hosts/service[/db]")
+    service, db = unquote(path[0]), 0
+    if len(path) == 2:
+        if not path[1].isdigit():
+            raise ValueError(f"db {path[1]!r} is not an integer >= 0")
+        db = int(path[1])
+    options: dict[str, str] = {}
+    for key, values in parse_qs(parts.query, keep_blank_values=True).items():
+        if key not in _SENTINEL_OPTIONS:
+            raise ValueError(f"has an unknown option {key!r} (known: {', '.join(_SENTINEL_OPTIONS)})")
+        options[key] = values[-1]
+    for key in _TIMEOUTS:
+        if key in options:
+            _seconds(key, options[key])
+    return RedisTarget(url.strip(), sentinels, service, db, username, password, options)
+
+
+def _host_port(raw: str) -> tuple[str, int]:
+    raw = raw.strip()
+    if raw.startswith("["):  # [IPv6]:port
+        host, _, rest = raw[1:].partition("]")
+        port = rest.removeprefix(":")
+    else:
+        host, _, port = raw.partition(":")
+    if not host:
+        raise ValueError(f"Sentinel {raw!r} has no host")
+    if not port:
+        return host, SENTINEL_PORT
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"Sentinel {raw!r} has no valid port")
+    return host, int(port)
+
+
+def _seconds(key: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"option {key} is not a number of seconds") from None
+    if not value > 0:
+        raise ValueError(f"option {key} must be > 0")
+    return value
+
+
+def retry_policy() -> Retry:
+    """What every client retries: broken connections and timeouts (redis-py's default errors), on a fresh
+    connection, `RETRIES` times with jittered exponential backoff."""
+    return Retry(ExponentialWithJitterBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES)
+
+
+class SentinelRedis(aioredis.Redis):
+    """A client of the primary a Sentinel set names; closing it closes the connections to the Sentinels too."""
+
+    sentinel: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinel is not None:
+            for s in self.sentinel.sentinels:
+                await s.aclose()
+
+
+def redis_client(url: str, **kwargs: Any) -> aioredis.Redis:
+    """A client for `url` (see the module's doc) with reconnection and retry; `kwargs` go to redis-py (say,
+    `decode_responses`). Connects lazily: nothing happens on the network until the first command."""
+    target = parse_redis_url(url)
+    common: dict[str, Any] = {
+        "retry": retry_policy(),
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        **kwargs,
+    }
+    if not target.sentinel:
+        return aioredis.from_url(target.url, **common)  # options in the URL win over these defaults
+    opts = target.options
+    for key in _TIMEOUTS:
+        if key in opts:
+            common[key] = _seconds(key, opts[key])
+    # the Sentinels: one try each (discovery moves on to the next one), same timeouts
+    sentinel_kwargs: dict[str, Any] = {key: common[key] for key in _TIMEOUTS}
+    sentinel_kwargs["retry"] = Retry(NoBackoff(), 0)
+    if "sentinel_username" in opts:
+        sentinel_kwargs["username"] = opts["sentinel_username"]
+    if "sentinel_password" in opts:
+        sentinel_kwargs["password"] = opts["sentinel_password"]
+    auth = {k: v for k, v in (("username", target.username), ("password", target.password)) if v is not None}
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, db=target.db, **auth, **common)
+    client = sentinel.master_for(target.service, redis_class=SentinelRedis)
+    client.sentinel = sentinel
+    return client
