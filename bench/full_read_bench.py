@@ -38,7 +38,7 @@ import msgspec
 from shared.embedded import EmbeddedValkey
 from shared.names import Names
 from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, NodeRecord
-from shared.store import Store
+from shared.store import Store, ViewMark
 
 
 async def _fill(store: Store, jobs: int) -> None:
@@ -69,6 +69,7 @@ async def _median_ms(fn: Callable[[], Awaitable[Any]], repeats: int) -> float:
 async def measure(url: str, jobs: int, repeats: int) -> dict[str, Any]:
     names = Names(prefix=f"fullread{uuid.uuid4().hex[:6]}")
     store = Store.from_url(url, names)
+    await store.open_view(ViewMark(), time.time())
     try:
         await _fill(store, jobs)
         await store.remember_active_jobs()  # the queue's first full read decodes everything once

@@ -153,3 +153,4 @@ class Health(msgspec.Struct, kw_only=True):
     status: str
     nats: bool | None = None
     redis: bool | None = None
+    view: bool | None = None  # Redis holds a complete view of the log (not being rebuilt)

@@ -356,7 +356,7 @@ def replayed(rec: JobRecord, msg: Logged, domains: list[str] | None = None) -> J
             if msg.checkpointed:
                 return checkpointed(rec, msg, msg.at)
             if msg.lost and msg.exit_code != 0:
-                return node_lost(rec, msg.attempt, f"the agent on {msg.node} stopped", msg.at)
+                return node_lost(rec, msg.attempt, msg.reason or f"the agent on {msg.node} stopped", msg.at)
             return exited(rec, msg, msg.at)
     except NotYet:
         return None

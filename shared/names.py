@@ -6,7 +6,10 @@ script can touch any of them atomically, also on Redis Cluster.
 
 Who writes what (one writer per Redis key family):
   inventory  node:*, nodestate:*, healthstate:*, nodes, heartbeats, topo:gen      placement  gpus:*, alloc:*, allocs
-  queue      job:*, jobs, jobs:active, jobs:undecided, queue:leader   migration  migration:*, migrations
+  queue      job:*, jobs, jobs:active, jobs:undecided, queue:leader, view, view:lock
+  migration  migration:*, migrations
+(A rebuild of the view from the log — services/queue/rebuild.py — writes allocations too, while the view is
+closed and the commit script refuses; every commit and job write counts the view's clock up.)
 """
 
 from __future__ import annotations
@@ -71,12 +74,21 @@ class Names:
         return f"{self.prefix}.events.inbox.agent"  # agents → queue: RankStarted / RankExited
 
     @property
+    def events_all(self) -> str:
+        return f"{self.prefix}.events.>"  # the EVENTS stream whole: what a rebuild of the view reads in order
+
+    @property
     def job_inbox(self) -> str:
         return f"{self.prefix}.events.inbox.>"  # both of the above, as the queue reads them
 
+    def node_event(self, node: str) -> str:
+        # inventory → queue, gateway, migration: NodeChanged. One subject per node, so the node's last verdict
+        # (a drain, a fatal XID) is one lookup in the log when its record must be made again (Redis lost it)
+        return f"{self.prefix}.events.node.{node}"
+
     @property
     def node_events(self) -> str:
-        return f"{self.prefix}.events.node"  # inventory → queue, gateway, migration: NodeChanged
+        return f"{self.prefix}.events.node.>"  # every node's, as they are heard
 
     @property
     def migration_events(self) -> str:
@@ -128,7 +140,7 @@ class Names:
             StreamSpec(self._stream("JOBS"), (self.job_submit, self.job_cancel, self.job_move), sync_always=True),
             StreamSpec(self._stream("ORDERS"), (f"{self.prefix}.orders.>",), sync_always=True),
             StreamSpec(self._stream("AGENT"), (self.agent_cmd_all,), sync_always=True),
-            StreamSpec(self._stream("EVENTS"), (f"{self.prefix}.events.>",), sync_always=True),
+            StreamSpec(self._stream("EVENTS"), (self.events_all,), sync_always=True),
             StreamSpec(self._stream("DLQ"), (f"{self.prefix}.dlq.>",), sync_always=False),
             # one MigrationRecord per move, the newest only: what a restarted migration service resumes from
             StreamSpec(self._stream("MIGRATIONS"), (self.migration_records_all,), sync_always=True, per_subject=1),
@@ -215,6 +227,16 @@ class Names:
     @property
     def migration_leader_key(self) -> str:
         return self._key("migration:leader")  # string: the migration replica that plans (SET NX PX lease)
+
+    @property
+    def view_key(self) -> str:
+        # hash: state (ready | rebuilding) and the stream sequences the view is complete up to (jobs_seq,
+        # events_seq): what tells an empty or stale Redis from a current one (services/queue/rebuild.py)
+        return self._key("view")
+
+    @property
+    def view_lock_key(self) -> str:
+        return self._key("view:lock")  # string: the queue replica rebuilding the view (SET NX PX)
 
     @property
     def key_pattern(self) -> str:

@@ -74,6 +74,9 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
             (stream(n.job_submit), n.consumer("queue", "submit")),
             (stream(n.job_cancel), n.consumer("queue", "cancel")),
             (stream(n.job_inbox), n.consumer("queue", "inbox")),
+            # a rebuild of the view reads JOBS and EVENTS back through ephemeral consumers
+            (stream(n.job_submit), "*"),
+            (stream(n.events_all), "*"),
             (stream(n.node_events), n.consumer("queue", "node")),
             (stream(n.job_move), n.consumer("queue", "move")),
         ],
@@ -88,8 +91,21 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
     }
     publish: dict[str, list[str]] = {
         "gateway": [n.job_submit, n.job_cancel, n.node_admin],
-        "inventory": [n.node_events],
-        "queue": [n.job_event("*"), n.orders, n.cycle_kick],  # a replica kicks the leader's cycle
+        # a node's last verdict is read back from the log (`get_last_msg`) when Redis lost its record
+        # it speaks for an agent whose ranks are gone (their lost exits) and stops ranks whose attempt is over
+        "inventory": [
+            n.node_event("*"),
+            f"{JS_API}.STREAM.MSG.GET.{stream(n.node_events)}",
+            n.agent_events,
+            n.agent_cmd("*"),
+        ],
+        "queue": [
+            n.job_event("*"),
+            n.orders,
+            n.cycle_kick,  # a replica kicks the leader's cycle
+            *(f"{JS_API}.CONSUMER.CREATE.{stream(s)}" for s in (n.job_submit, n.events_all)),
+            *(f"{JS_API}.CONSUMER.DELETE.{stream(s)}.*" for s in (n.job_submit, n.events_all)),
+        ],
         "placement": [n.placement_events, n.agent_cmd("*")],
         "migration": [
             n.job_move,

@@ -397,7 +397,9 @@ class RankExited(msgspec.Struct, tag="agent.exited", kw_only=True, frozen=True):
 
 
 class NodeChanged(msgspec.Struct, tag="node.changed", kw_only=True, frozen=True):
-    """inventory → anyone, on `names.node_events` (JetStream): a node's state, topology or GPU health changed.
+    """inventory → anyone, on `names.node_event(node)` (JetStream): a node's state, topology or GPU health
+    changed. The node's last one is its verdict in the log: a record Redis lost is made again from it and the
+    agent's next registration (a drain stays drained, a fatal XID stays fatal).
 
     This is also THE GPU health event (there is no separate one): `gpu_health` is the node's whole map after
     the change (index → "degraded" | "down"; absent means ok), `changed_gpus` the GPUs whose health this
@@ -414,6 +416,9 @@ class NodeChanged(msgspec.Struct, tag="node.changed", kw_only=True, frozen=True)
     gpu_health: dict[str, str] = {}
     changed_gpus: dict[str, str] = {}
     cause: str = ""
+    drained: bool = False  # NodeRecord's: an operator's drain, which outlives the node going down
+    rule_health: dict[str, str] = {}  # NodeRecord's: what the health rules decided (latched faults included)
+    boot_id: str = ""  # the agent's: a registration with another one clears latched faults
 
 
 class JobEvent(msgspec.Struct, tag="job.event", kw_only=True, frozen=True):

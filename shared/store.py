@@ -16,6 +16,7 @@ from types import MappingProxyType
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
+from shared.bus import Retry
 from shared.names import Names
 from shared.redis_client import redis_client
 from shared.schemas import (
@@ -57,17 +58,43 @@ from shared.schemas import (
 # - EVALSHA after a restart or failover: NOSCRIPT means it didn't run; redis-py loads the script and runs it.
 # - WATCH/MULTI: redis-py never retries while watching; nothing here watches (the job CAS is one script).
 
-# KEYS: alloc:{job}, allocs, gpus:{node_1..n}, nodestate:{node_1..n}
-# ARGV: job_id, attempt, record, n, gpu lists ("0,1,2,3") for nodes 1..n
-COMMIT_LUA = """
+# The view's clock, counted up by every commit and job write: a writer that saw it further on than Redis has it
+# finds Redis went back in time (a stale replica promoted, a copy restored) before it writes anything, and marks
+# the view behind, so the queue catches it up from the log (services/queue/rebuild.py). Nil: don't write.
+VIEW_CLOCK_LUA = """
+local function view_clock(view, seen)
+  if redis.call('HGET', view, 'state') ~= 'ready' then return nil end
+  local clock = tonumber(redis.call('HGET', view, 'clock') or '0')
+  if clock < tonumber(seen) then
+    redis.call('HSET', view, 'state', 'behind')
+    return nil
+  end
+  return clock
+end
+-- count the clock up; whole numbers as text (a Lua number would be written as 1.79e+15, losing digits)
+local function tick(view, clock)
+  local after = string.format('%.0f', clock + 1)
+  redis.call('HSET', view, 'clock', after)
+  return after
+end
+"""
+
+# KEYS: alloc:{job}, allocs, gpus:{node_1..n}, nodestate:{node_1..n}, view
+# ARGV: job_id, attempt, record, n, gpu lists ("0,1,2,3") for nodes 1..n, the view clock the caller saw last
+COMMIT_LUA = (
+    VIEW_CLOCK_LUA
+    + """
 local n = tonumber(ARGV[4])
+local view = KEYS[3 + 2 * n]
+local clock = view_clock(view, ARGV[5 + n])
+if not clock then return {'not_ready'} end
 local floor = redis.call('HGET', KEYS[1], 'floor')
 if floor and tonumber(ARGV[2]) <= tonumber(floor) then
   return {'stale', 'attempt ' .. ARGV[2] .. ' of this job was already released'}
 end
 local held = redis.call('HGET', KEYS[1], 'attempt')
 if held then
-  if held == ARGV[2] then return {'dup'} end
+  if held == ARGV[2] then return {'dup', string.format('%.0f', clock)} end
   return {'conflict', 'job already holds GPUs for attempt ' .. held}
 end
 for i = 1, n do
@@ -85,23 +112,31 @@ for i = 1, n do
 end
 redis.call('HSET', KEYS[1], 'attempt', ARGV[2], 'record', ARGV[3])
 redis.call('SADD', KEYS[2], ARGV[1])
-return {'ok'}
+return {'ok', tick(view, clock)}
 """
+)
 
 # Compare-and-set of one job record with its index sets, one round trip (WATCH/GET/MULTI took three).
-# KEYS: job:{id}, jobs:active, jobs:undecided, jobs; ARGV: the record the caller decided on ('' = none may exist
-# yet), the new record, job id, in active (0/1), in undecided (0/1), submit score (only for a new job: ZADD NX).
-# Returns {1} when written, else {0, the stored record or false}. A stored record that already is the new one
-# counts as written: a retried call whose first try landed (the index writes below are idempotent).
-JOB_CAS_LUA = """
+# KEYS: job:{id}, jobs:active, jobs:undecided, jobs, view; ARGV: the record the caller decided on ('' = none may
+# exist yet), the new record, job id, in active (0/1), in undecided (0/1), submit score (only for a new job: ZADD
+# NX), the view clock the caller saw last. Returns {1, clock} when written, {2} when the view may not be written
+# (being rebuilt, or behind), else {0, the stored record or false}. A
+# stored record that already is the new one counts as written: a retried call whose first try landed (the index
+# writes below are idempotent).
+JOB_CAS_LUA = (
+    VIEW_CLOCK_LUA
+    + """
+local clock = view_clock(KEYS[5], ARGV[7])
+if not clock then return {2} end
 local cur = redis.call('GET', KEYS[1])
 if (cur or '') ~= ARGV[1] and cur ~= ARGV[2] then return {0, cur} end
 redis.call('SET', KEYS[1], ARGV[2])
 if ARGV[4] == '1' then redis.call('SADD', KEYS[2], ARGV[3]) else redis.call('SREM', KEYS[2], ARGV[3]) end
 if ARGV[5] == '1' then redis.call('SADD', KEYS[3], ARGV[3]) else redis.call('SREM', KEYS[3], ARGV[3]) end
 if ARGV[6] ~= '' then redis.call('ZADD', KEYS[4], 'NX', ARGV[6], ARGV[3]) end
-return {1}
+return {1, tick(KEYS[5], clock)}
 """
+)
 
 # KEYS: alloc:{job}, allocs, gpus:{node_1..n}; ARGV: job_id, n, gpu lists. Frees only GPUs the job owns.
 # Take or renew a leader lease in one step (a GET then PEXPIRE could renew a lease another replica just took).
@@ -111,10 +146,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARG
 return 0
 """
 
-# KEYS: alloc:{job}, allocs, gpus:{node_1..n}
-# ARGV: job_id, n, attempt, gpu lists ("0,1,2,3") for nodes 1..n
+# KEYS: alloc:{job}, allocs, gpus:{node_1..n}, view
+# ARGV: job_id, n, attempt, gpu lists ("0,1,2,3") for nodes 1..n. Returns 1 released, 0 held nothing, -1 the
+# view is being rebuilt.
 RELEASE_LUA = """
 local n = tonumber(ARGV[2])
+if redis.call('HGET', KEYS[3 + n], 'state') ~= 'ready' then return -1 end
 local attempt = redis.call('HGET', KEYS[1], 'attempt')
 -- the allocation read before this call, not one committed since (its GPUs may be on other nodes)
 if attempt ~= ARGV[3] then return 0 end
@@ -139,7 +176,32 @@ for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'record') or '' e
 return out
 """
 
+# KEYS: view; ARGV: jobs_seq, events_seq. A ready view's position moves forward only.
+RECORD_VIEW_LUA = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'ready' then return 0 end
+for i, field in ipairs({'jobs_seq', 'events_seq'}) do
+  if tonumber(ARGV[i]) > tonumber(redis.call('HGET', KEYS[1], field) or '0') then
+    redis.call('HSET', KEYS[1], field, ARGV[i])
+  end
+end
+return 1
+"""
+
+RESTORE_BATCH = 500  # records per pipeline when the view is rebuilt
 CHANGES_LISTED = 50_000  # past this many changed ids unread, "anything may have changed" is cheaper to keep
+
+
+class ViewNotReady(Retry):
+    """The view is being rebuilt from the log (services/queue/rebuild.py) or Redis holds none (it came back
+    empty): nothing may be written to it now, and the message that wanted to is redelivered once it is open."""
+
+
+@dataclass(frozen=True, slots=True)
+class ViewMark:
+    """Up to which stream sequences the view is complete: everything at or below them is in Redis."""
+
+    jobs_seq: int = 0  # JOBS (the submits)
+    events_seq: int = 0  # EVENTS (the job events and the inbox)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +222,8 @@ class Store:
         self._lease = client.register_script(LEASE_LUA)
         self._job_cas = client.register_script(JOB_CAS_LUA)
         self._alloc_records = client.register_script(ALLOC_RECORDS_LUA)
+        self._record_view = client.register_script(RECORD_VIEW_LUA)
+        self._view_clock = 0  # the furthest the view's clock was seen at (VIEW_CLOCK_LUA)
         # The last record this store read or wrote for each active job: the job's writer (the queue) decides on
         # it and the CAS checks it is still current, so an update is one round trip unless another replica
         # wrote in between. Terminal jobs leave it, so it holds the active jobs at most. `_jobs_decoded` caches
@@ -307,6 +371,7 @@ class Store:
             raw = await self.r.get(key)
         while True:
             if raw is None:
+                await self.require_view()  # a job missing from a view being rebuilt may exist: wait for it
                 self._seen(job_id, None, None)
                 return None, False
             failed: Exception | None = None
@@ -335,10 +400,13 @@ class Store:
     ) -> tuple[bool, bytes | None]:
         n = self.names
         active, undecided = _job_indexes(new)
-        keys = [n.job_key(job_id), n.active_jobs_key, n.undecided_jobs_key, n.jobs_key]
+        keys = [n.job_key(job_id), n.active_jobs_key, n.undecided_jobs_key, n.jobs_key, n.view_key]
         args = [expected, data, job_id, int(active), int(undecided), "" if score is None else repr(score)]
-        res = await self._job_cas(keys=keys, args=args)
+        res = await self._job_cas(keys=keys, args=[*args, self._view_clock])
+        if res[0] == 2:
+            raise ViewNotReady(f"job {job_id} not written")
         if res[0] == 1:
+            self._saw_clock(int(res[1]))
             self._seen(job_id, data, new.state)
             return True, None
         current = res[1] if len(res) > 1 and res[1] else None
@@ -426,8 +494,13 @@ class Store:
         return bool(self._jobs_pending)
 
     async def get_job(self, job_id: str) -> JobRecord | None:
+        """The job's record; None when it doesn't exist. ViewNotReady when it is missing from a view that is
+        being rebuilt (or from a Redis that came back empty): it may exist, nobody can tell yet."""
         raw = await self.r.get(self.names.job_key(job_id))
-        return JOB_RECORD.decode(raw) if raw else None
+        if raw is None:
+            await self.require_view()
+            return None
+        return JOB_RECORD.decode(raw)
 
     async def get_jobs(self, ids: Iterable[str], *, remember: bool = False) -> list[JobRecord]:
         """The records of the ids that exist; `remember` also keeps them for `remembered_jobs` (except where
@@ -509,14 +582,15 @@ class Store:
         n = self.names
         nodes = [ng.node for ng in rec.nodes]
         keys = [n.alloc_key(rec.job_id), n.allocs_key]
-        keys += [n.gpus_key(x) for x in nodes] + [n.node_state_key(x) for x in nodes]
+        keys += [n.gpus_key(x) for x in nodes] + [n.node_state_key(x) for x in nodes] + [n.view_key]
         args = [rec.job_id, str(rec.attempt), encode(rec), str(len(nodes))]
-        args += [",".join(str(g) for g in ng.gpus) for ng in rec.nodes]
+        args += [",".join(str(g) for g in ng.gpus) for ng in rec.nodes] + [str(self._view_clock)]
         res = [x.decode() if isinstance(x, bytes) else str(x) for x in await self._commit(keys=keys, args=args)]
-        if res[0] == "ok":
-            return CommitResult(True)
-        if res[0] == "dup":
-            return CommitResult(True, duplicate=True)
+        if res[0] == "not_ready":
+            raise ViewNotReady("commit refused")
+        if res[0] in ("ok", "dup"):
+            self._saw_clock(int(res[1]))
+            return CommitResult(True, duplicate=res[0] == "dup")
         return CommitResult(False, reason=" ".join(res))
 
     async def release(self, job_id: str, held: AllocationRecord | None = None) -> bool:
@@ -527,12 +601,16 @@ class Store:
         if rec is None:
             raw = await self.r.hget(n.alloc_key(job_id), "record")
             if raw is None:
+                await self.require_view()  # nothing held, or a view being rebuilt that doesn't know yet
                 await self.r.srem(n.allocs_key, job_id)
                 return False
             rec = ALLOCATION_RECORD.decode(raw)
-        keys = [n.alloc_key(job_id), n.allocs_key] + [n.gpus_key(ng.node) for ng in rec.nodes]
+        keys = [n.alloc_key(job_id), n.allocs_key] + [n.gpus_key(ng.node) for ng in rec.nodes] + [n.view_key]
         args = [job_id, str(len(rec.nodes)), str(rec.attempt)] + [",".join(str(g) for g in ng.gpus) for ng in rec.nodes]
-        return bool(await self._release(keys=keys, args=args))
+        released = int(await self._release(keys=keys, args=args))
+        if released < 0:
+            raise ViewNotReady("release refused")
+        return released == 1
 
     async def allocation(self, job_id: str) -> AllocationRecord | None:
         raw = await self.r.hget(self.names.alloc_key(job_id), "record")
@@ -548,6 +626,94 @@ class Store:
     async def gpu_owners(self, node: str) -> dict[int, str]:
         raw = await self.r.hgetall(self.names.gpus_key(node))
         return {int(k): v.decode() for k, v in raw.items()}
+
+    # -- the view: whether Redis is complete, and up to where in the log ---------------------------------------
+    async def view_status(self) -> tuple[str, ViewMark | None]:
+        """("ready" | "rebuilding" | "missing", the position it recorded): "missing" is a Redis that came back
+        empty (or was never written), "rebuilding" one whose rebuild is under way or was cut short."""
+        raw = await self.r.hgetall(self.names.view_key)
+        if not raw:
+            return "missing", None
+        mark = ViewMark(int(raw.get(b"jobs_seq", 0)), int(raw.get(b"events_seq", 0)))
+        return raw.get(b"state", b"rebuilding").decode(), mark
+
+    async def view_ready(self) -> bool:
+        return await self.r.hget(self.names.view_key, "state") == b"ready"
+
+    async def require_view(self) -> None:
+        """ViewNotReady unless the view is ready: what isn't in it may still be in the log."""
+        if not await self.view_ready():
+            raise ViewNotReady("the view is being rebuilt from the log")
+
+    def _saw_clock(self, clock: int) -> None:
+        self._view_clock = max(self._view_clock, clock)
+
+    def forget_jobs(self) -> None:
+        """Drop every remembered record (the view was rebuilt: they may not be the stored ones)."""
+        self._jobs_seen.clear()
+        self._jobs_decoded.clear()
+        self._jobs_undecoded.clear()
+        self._jobs_pending.clear()
+        self._jobs_changed = None
+        self._jobs_written_at.clear()
+
+    async def close_view(self) -> None:
+        """Refuse every commit, release and job write until `open_view` (the rebuild writes meanwhile)."""
+        await self.r.hset(self.names.view_key, "state", "rebuilding")
+
+    async def open_view(self, mark: ViewMark, now: float) -> None:
+        """Open a view complete up to `mark`. Its clock moves on to `now` in microseconds: past what any writer
+        saw of an earlier view (which counts up by one a write, far slower), whether it was caught up from a
+        copy or rebuilt on an empty Redis, so none finds the new one behind."""
+        key = self.names.view_key
+        clock = int(await self.r.hget(key, "clock") or 0)
+        fields = {"clock": max(clock + 1, int(now * 1e6))}
+        fields |= {"state": "ready", "jobs_seq": mark.jobs_seq, "events_seq": mark.events_seq}
+        await self.r.hset(key, mapping=fields)
+
+    async def record_view(self, mark: ViewMark) -> None:
+        """Move a ready view's position forward (never back; nothing while it is rebuilt or missing)."""
+        await self._record_view(keys=[self.names.view_key], args=[mark.jobs_seq, mark.events_seq])
+
+    async def restore_jobs(self, records: Sequence[JobRecord]) -> None:
+        """Write job records rebuilt from the log, with their indexes (the view is closed: nobody else writes)."""
+        n = self.names
+        for i in range(0, len(records), RESTORE_BATCH):
+            chunk = [(rec, encode(rec)) for rec in records[i : i + RESTORE_BATCH]]
+            async with self.r.pipeline(transaction=False) as p:
+                for rec, data in chunk:
+                    p.set(n.job_key(rec.id), data)
+                    p.zadd(n.jobs_key, {rec.id: rec.submitted_at}, nx=True)
+                    _index_job(p, n, rec)
+                await p.execute()
+            for rec, data in chunk:
+                self._seen(rec.id, data, rec.state)
+
+    async def restore_allocations(self, held: Mapping[str, AllocationRecord], floors: Mapping[str, int]) -> None:
+        """Make the allocations exactly `held` (job → its allocation, from the rebuilt records) and every job's
+        floor its record's (an order of an attempt up to it, redelivered late, never commits): what the commit
+        and release scripts would have left. The view is closed: nobody else writes."""
+        n = self.names
+        current = {a.job_id: a for a in await self.allocations()}
+        async with self.r.pipeline(transaction=True) as p:
+            for job, alloc in current.items():
+                if held.get(job) == alloc:
+                    continue
+                for ng in alloc.nodes:
+                    p.hdel(n.gpus_key(ng.node), *[str(g) for g in ng.gpus])
+                p.hdel(n.alloc_key(job), "attempt", "record")
+                p.srem(n.allocs_key, job)
+            for job, alloc in held.items():
+                if current.get(job) == alloc:
+                    continue
+                for ng in alloc.nodes:
+                    p.hset(n.gpus_key(ng.node), mapping={str(g): job for g in ng.gpus})
+                p.hset(n.alloc_key(job), mapping={"attempt": alloc.attempt, "record": encode(alloc)})
+                p.sadd(n.allocs_key, job)
+            for job, floor in floors.items():
+                if floor > 0:
+                    p.hset(n.alloc_key(job), "floor", floor)
+            await p.execute()
 
     # -- migration: moves (the API's view; the truth is the MIGRATIONS stream) ------------------------------
     async def put_migration(self, rec: MigrationRecord) -> None:

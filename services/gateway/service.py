@@ -42,6 +42,7 @@ from shared.schemas import (
     NodeAdmin,
     NodeChanged,
 )
+from shared.store import ViewNotReady
 from shared.topology_view import TopologyView
 
 log = logging.getLogger("rackscale.gateway")
@@ -56,6 +57,7 @@ DEFAULT_PAGE = 50
 # only added (a down node keeps its record), so a stale topology can only refuse too much: a job it refuses
 # is checked again against the current one. Without any node registered the current one is always read.
 SUBMIT_TOPOLOGY_MAX_AGE_S = 1.0
+VIEW_RETRY_AFTER_S = 1  # what a 503 during a rebuild of the view asks a client to wait
 SSE_QUEUE = 1024  # frames buffered per SSE client; a client further behind is disconnected (it reconnects)
 
 DRAIN_BODY = msgspec.json.Decoder(api.DrainBody)
@@ -126,6 +128,9 @@ class Gateway:
         self.keepalive_s = keepalive_s
         self.admin_timeout_s = admin_timeout_s
         self.topology = TopologyView(deps.store)
+        # the largest fleet seen registered: node records are only added (a down node keeps its own), so a
+        # smaller one is a fleet relearning its nodes after Redis lost them, and a job it refuses may still fit
+        self._widest: Topology | None = None
         self._streams: set[_Stream] = set()
 
     # -- helpers ---------------------------------------------------------------------------------------
@@ -137,7 +142,12 @@ class Gateway:
     async def submit_topology(self, max_age_s: float = 0.0) -> Topology | None:
         """The topology a submission is checked against: the queue's (None while no node is registered)."""
         known = await self.topology.get(max_age_s)
-        return known[0] if known is not None else None
+        if known is None:
+            return None
+        topo = known[0]
+        if self._widest is None or len(topo.node_names) >= len(self._widest.node_names):
+            self._widest = topo
+        return topo
 
     def now(self) -> float:
         return self.deps.clock()
@@ -163,6 +173,10 @@ class Gateway:
         checked = check_job(body, job_id, await self.submit_topology(SUBMIT_TOPOLOGY_MAX_AGE_S))
         if isinstance(checked, ApiError):
             checked = check_job(body, job_id, await self.submit_topology())
+        if isinstance(checked, ApiError) and self._widest is not None:
+            # nodes Redis lost register again one by one: a fleet that was bigger still takes the job (and
+            # what it can't take is said of it)
+            checked = check_job(body, job_id, self._widest)
         if isinstance(checked, ApiError):
             return api_error(checked)
         msg = JobSubmitted(job_id=job_id, spec=body, submitted_at=self.now())
@@ -208,6 +222,7 @@ class Gateway:
         if isinstance(scope, web.Response):
             return scope
         page, tenant = scope
+        await self.deps.store.require_view()  # a partial list would hide jobs that exist
         recs, total = await self.deps.store.list_jobs(tenant=tenant, state=state, **page)
         domain_of = await self.domain_of()
         jobs = [views.job_view(r, domain_of) for r in recs]
@@ -242,6 +257,7 @@ class Gateway:
     # -- cluster and nodes -----------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:
         store = self.deps.store
+        await store.require_view()  # who holds which GPU is unknown until it is rebuilt
         gen = await store.topology_generation()
         nodes, allocs = await asyncio.gather(store.nodes(), store.allocations())
         view = views.cluster_view(nodes, allocs, gen)
@@ -350,9 +366,14 @@ class Gateway:
             redis_ok = bool(await asyncio.wait_for(self.deps.store.r.ping(), 1.0))
         except Exception:
             redis_ok = False
-        ok = nats_ok and redis_ok
+        view_ok = False
+        if redis_ok:
+            with contextlib.suppress(Exception):
+                view_ok = await self.deps.store.view_ready()
+        ok = nats_ok and redis_ok and view_ok
         return json_response(
-            api.Health(status="ok" if ok else "unavailable", nats=nats_ok, redis=redis_ok), 200 if ok else 503
+            api.Health(status="ok" if ok else "unavailable", nats=nats_ok, redis=redis_ok, view=view_ok),
+            200 if ok else 503,
         )
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -397,6 +418,11 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         resp = error_response(e.status, e.reason)
         if "Allow" in e.headers:
             resp.headers["Allow"] = e.headers["Allow"]
+        return resp
+    except ViewNotReady:
+        # Redis came back empty or behind and the view is rebuilt from the log: a job it lacks may exist
+        resp = error_response(503, "the scheduler's view is being rebuilt from its log; try again shortly")
+        resp.headers["Retry-After"] = str(VIEW_RETRY_AFTER_S)
         return resp
     except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, nats.errors.Error, TimeoutError) as e:
         log.warning("%s %s: backend unavailable: %r", request.method, request.path, e)

@@ -17,7 +17,7 @@
   report and the rules' verdict. `clear_health` (NodeAdmin) lifts the rules' verdicts, latched ones too.
 
 Every change of a node's state, topology or GPU health is written with `store.put_node` (which bumps
-`topo:gen`) and announced as a `NodeChanged` on `names.node_events` (JetStream). A heartbeat that changes
+`topo:gen`) and announced as a `NodeChanged` on `names.node_event(node)` (JetStream). A heartbeat that changes
 nothing writes no record at all: heartbeats are batched (latest per node, one batch while the previous one
 is written), read with one MGET and recorded with one ZADD in the liveness zset `names.heartbeats_key`, which
 `store.get_nodes` reads back into `last_heartbeat` and `check_once` asks for the silent nodes alone. So 1,152
@@ -38,16 +38,19 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import msgspec
+import nats.js.errors
 import redis.exceptions
 from nats.aio.msg import Msg
 
 from services.inventory.health import BATCH_WINDOW_S, HealthMonitor, load_rules
+from services.inventory.ranks import RankWatch
 from shared.core.topology_io.agents import NO_FABRIC_UUIDS
 from shared.health import HealthRules, merge_health
 from shared.liveness import Hearing, lost, may_judge, observe, overdue, silent_for
 from shared.runtime import Deps, Service
 from shared.schemas import (
     AGENT_REPORTS,
+    EVENTS,
     NODE_ADMIN,
     TELEMETRY,
     AdminReply,
@@ -68,6 +71,7 @@ QUEUE_GROUP = "inventory"
 # A node name becomes part of NATS subjects (agent.cmd.<node>) and Redis keys: no dots, wildcards or spaces.
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
 _PUBLISH_ATTEMPTS = 3
+RANK_ROUND_TICKS = 2  # the reports are reconciled with the job records every this many checks
 # Redis going away (restart, failover, shutdown) is an outage to wait out, not a bug to trace back.
 STORE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
@@ -103,6 +107,20 @@ def record_from_register(reg: AgentRegister, prev: NodeRecord | None, now: float
         last_heartbeat=now,
         backend=reg.backend,
         leaf=reg.leaf,
+    )
+
+
+def verdict_record(ev: NodeChanged) -> NodeRecord:
+    """The part of a node's record its last NodeChanged keeps: drained (and why), the rules' verdicts, the
+    boot they belong to. The rest comes from the registration; `last_heartbeat` 0 marks it as no record."""
+    return NodeRecord(
+        name=ev.node,
+        domain="",
+        state="draining" if ev.drained else "up",
+        drained=ev.drained,
+        reason=ev.reason if ev.drained else "",
+        rule_health=dict(ev.rule_health),
+        boot_id=ev.boot_id,
     )
 
 
@@ -160,6 +178,8 @@ class InventoryService(Service):
         self._beats: dict[str, Heartbeat] = {}
         self._regs: dict[str, AgentRegister] = {}  # registrations waiting for the flusher, one per node
         self._beat = asyncio.Event()
+        self.ranks = RankWatch(self.store, self.bus, deps.settings.heartbeat_s, self.now)
+        self._ticks = 0
         self.health = HealthMonitor(
             self.store,
             self.bus,
@@ -214,6 +234,9 @@ class InventoryService(Service):
                 break
             try:
                 await self.check_once()
+                self._ticks += 1
+                if self._ticks % RANK_ROUND_TICKS == 0:
+                    await self.ranks.round()
             except STORE_ERRORS as e:
                 log.warning("heartbeat check skipped, Redis unavailable: %s", e)
             except Exception:
@@ -249,8 +272,10 @@ class InventoryService(Service):
         check_register(reg)
         async with self._lock(reg.node):
             prev = await self.store.get_node(reg.node)
-            rec = record_from_register(reg, prev, self.now())
             if prev is None:
+                prev = await self._last_verdict(reg.node)  # a node Redis lost: its drain and latched faults stay
+            rec = record_from_register(reg, prev, self.now())
+            if prev is None or prev.last_heartbeat == 0.0:
                 await self._save(rec, changed=True)
                 log.info("node %s registered: domain %s, %d GPUs", rec.name, rec.domain, rec.gpus)
                 await self._announce(rec, "registered")
@@ -275,6 +300,19 @@ class InventoryService(Service):
                 await self._announce(rec, "; ".join(reasons), prev=prev, cause=cause)
             return rec
 
+    async def _last_verdict(self, node: str) -> NodeRecord | None:
+        """What the log last said of a node inventory has no record of (new, or lost with Redis): the record
+        that verdict stands for, as far as a registration doesn't say it again (None: never announced)."""
+        n = self.names
+        try:
+            msg = await self.bus.js.get_last_msg(n.stream_for(n.node_event(node)), n.node_event(node))
+        except nats.js.errors.NotFoundError:
+            return None
+        ev = EVENTS.decode(msg.data)
+        if not isinstance(ev, NodeChanged):
+            return None
+        return verdict_record(ev)
+
     async def registrations(self, regs: list[AgentRegister]) -> None:
         """A batch of registrations (one per node): one read for all; those that only repeat what the record
         says count as a heartbeat (one write for all), the others go through `register`."""
@@ -286,6 +324,7 @@ class InventoryService(Service):
                 seen[reg.node] = now
             else:
                 await self.register(reg)
+            self.ranks.observe(reg.node, reg.ranks, now)
         await self.store.touch_nodes(seen)
 
     async def _flusher(self) -> None:
@@ -333,6 +372,7 @@ class InventoryService(Service):
                 out[hb.node] = None
                 continue
             out[hb.node] = msgspec.structs.replace(prev, last_heartbeat=now)
+            self.ranks.observe(hb.node, hb.ranks, now)
             if prev.state == "down" or (hb.gpus and _agent_health(hb, prev) != prev.agent_health):
                 changed.append(hb)
         await self.store.touch_nodes({node: now for node, rec in out.items() if rec is not None})
@@ -396,6 +436,7 @@ class InventoryService(Service):
                 silent_s = silent_for(self.hearing, rec.last_heartbeat, now)
                 rec.state = "down"
                 rec.reason = f"no heartbeat for {silent_s:.1f}s (limit {self.down_after_s:g}s)"
+                self.ranks.forget(name)  # its jobs are the node-down rule's now
                 await self._save(rec, changed=True)
                 log.warning("node %s down: %s", rec.name, rec.reason)
                 # replicas that both notice the same silence send one event (same msg id)
@@ -493,11 +534,14 @@ class InventoryService(Service):
             gpu_health=rec.gpu_health,
             changed_gpus=changed_gpus or {},
             cause=cause,
+            drained=rec.drained,
+            rule_health=rec.rule_health,
+            boot_id=rec.boot_id,
         )
         msg_id = msg_id or f"{rec.name}:{rec.state}:{event.at}:{reason}"
         for attempt in range(1, _PUBLISH_ATTEMPTS + 1):
             try:
-                await self.bus.publish(self.names.node_events, event, msg_id=msg_id)
+                await self.bus.publish(self.names.node_event(rec.name), event, msg_id=msg_id)
                 break
             except Exception:
                 if attempt == _PUBLISH_ATTEMPTS:

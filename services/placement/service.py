@@ -112,6 +112,8 @@ class PlacementService(Service):
         """A move's first step: the ranks checkpoint and stop; the GPUs stay held until the queue releases them
         (after every rank acknowledged), so nothing else lands on them while the checkpoint is written."""
         held = await self.store.allocation(order.job_id)
+        if held is None:
+            await self.store.require_view()  # a view being rebuilt may not know the allocation yet
         if held is None or held.attempt != order.attempt:
             log.info("checkpoint of %s:%d: the job holds no such allocation", order.job_id, order.attempt)
             return

@@ -24,13 +24,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
+import nats.js.errors
 
+from services.queue.rebuild import rebuild_view
 from services.queue.view import HeldView
 from shared import lifecycle
 from shared.bus import Outgoing, Retry
 from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
 from shared.held import HeldState, occupy, reserved_domains
 from shared.jobs import record_spec
+from shared.liveness import Hearing, observe, overdue
 from shared.runtime import Deps, Service
 from shared.schemas import (
     EVENTS,
@@ -55,7 +58,7 @@ from shared.schemas import (
     ReleaseOrder,
     Reservations,
 )
-from shared.store import CHANGES_LISTED
+from shared.store import CHANGES_LISTED, ViewMark
 from shared.tenants import tenants_from_settings
 from shared.topology_view import TopologyView
 
@@ -63,6 +66,7 @@ log = logging.getLogger("rackscale.queue")
 
 INFLIGHT_TIMEOUT_S = 15.0  # an order with no answer this long is decided again (with a new attempt)
 LEASE_S = 5.0
+REBUILD_LOCK_S = 60.0  # a rebuild cut short (its replica died) is taken over after this
 TOPOLOGY_MAX_AGE_S = 1.0  # a kicked cycle's topology may lag inventory this long (NodeChanged events cut it)
 ANNOUNCED_KEPT = 10_000  # placed events remembered as published (so the running event needn't repeat them)
 
@@ -113,9 +117,17 @@ class QueueService(Service):
         self._lease_trusted_until = 0.0  # monotonic time until which the leader lease is surely ours
         # attempts whose placed event this process has published (acked): their running event needn't repeat it
         self._announced: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self._view_mark: ViewMark | None = None  # the furthest position this process saw the view at
+        self._view_ready = True  # False while another replica rebuilds the view: nothing is decided on it
+        # since when placement's answers could be heard without a break: an order's silence counts from there
+        self.hearing = Hearing(since=0.0)
 
     async def start(self) -> None:
         n, stop = self.names, self.stop_event
+        self.hearing = Hearing(since=self.now(), epoch=self.bus.reconnects)
+        self.bus.on_link(lambda _up: self._hear(self.now()))
+        with contextlib.suppress(Exception):  # else at the first full cycle (Redis may not answer yet)
+            await self.ensure_view()
         # one lane per job: a job's messages in order, different jobs' concurrently
         for what, subject in (("submit", n.job_submit), ("cancel", n.job_cancel), ("move", n.job_move)):
             consumer = self.bus.consume(
@@ -298,7 +310,7 @@ class QueueService(Service):
                     lifecycle.commit_seen(rec, ev.attempt)
                 except lifecycle.NotYet as e:
                     raise Retry(str(e)) from e
-                await self._lose(ev.job_id, ev.attempt, ev.node, f"the agent on {ev.node} stopped")
+                await self._lose(ev.job_id, ev.attempt, ev.node, ev.reason or f"the agent on {ev.node} stopped")
             return
         now = self.now()
 
@@ -352,10 +364,70 @@ class QueueService(Service):
             if self.stop_event.is_set():
                 break
             try:
-                if await self._lead():
+                if full and not await self.ensure_view():
+                    continue  # another replica rebuilds the view: nothing is decided on it meanwhile
+                if self._view_ready and await self._lead():
                     await self.run_cycle(full=full)
             except Exception:
                 log.exception("scheduling cycle failed; next one on the timer")
+
+    # -- the view: rebuilt from the log when Redis came back empty or behind ----------------------------------
+    async def ensure_view(self) -> bool:
+        """Whether the view may be decided on; first rebuilds it from the log if Redis came back empty (no view),
+        or catches it up if it came back behind (its position below the one this process saw it at: a replica
+        promoted before it caught up), or finishes a rebuild cut short. One replica rebuilds (a lock); the
+        others wait. A ready view's position is recorded on the way (the queue's consumers' ack floors)."""
+        state, mark = await self.store.view_status()
+        seen = self._view_mark
+        behind = (
+            mark is not None
+            and seen is not None
+            and (mark.events_seq < seen.events_seq or mark.jobs_seq < seen.jobs_seq)
+        )
+        if state == "ready" and not behind:
+            self._view_ready = True
+            await self._record_view()
+            return True
+        self._view_ready = False
+        if not await self.store.hold_lease(self.names.view_lock_key, self.instance, REBUILD_LOCK_S):
+            return False
+        log.warning("the view is %s: rebuilding it from the log", "behind the log" if state == "ready" else state)
+        await self.store.close_view()
+        since = None if state == "missing" else mark
+        done = await rebuild_view(self.bus, self.store, since, self.now())
+        self._view_mark = done.mark
+        self._forget_views()
+        self._view_ready = True
+        self.wake()
+        return True
+
+    async def _record_view(self) -> None:
+        """Record how far the view is complete: everything the queue's submit and inbox consumers acked is in it
+        (a handler writes before it acks; the queue's own JobEvents follow their writes)."""
+        n, js = self.names, self.bus.js
+        try:
+            submit = await js.consumer_info(n.stream_for(n.job_submit), n.consumer(self.name, "submit"))
+            inbox = await js.consumer_info(n.stream_for(n.job_inbox), n.consumer(self.name, "inbox"))
+        except nats.js.errors.NotFoundError:
+            return  # the consumers aren't there yet: nothing consumed, nothing to record
+        mark = ViewMark(jobs_seq=submit.ack_floor.stream_seq, events_seq=inbox.ack_floor.stream_seq)
+        await self.store.record_view(mark)
+        seen = self._view_mark or ViewMark()
+        self._view_mark = ViewMark(max(seen.jobs_seq, mark.jobs_seq), max(seen.events_seq, mark.events_seq))
+
+    def _hear(self, now: float) -> None:
+        """A bus outage is not placement's silence: an order in flight gets its whole timeout after it."""
+        self.hearing = observe(self.hearing, connected=self.bus.connected, epoch=self.bus.reconnects, now=now)
+
+    def _forget_views(self) -> None:
+        """After a rebuild, what this process kept of the old view is no guide: read everything afresh."""
+        self.store.forget_jobs()
+        self.held = HeldView()
+        self._held_state = HeldState()
+        self._unsynced = None
+        self._ended = {}
+        self._announced.clear()
+        self._taken_over = False
 
     async def _lead(self) -> bool:
         """Hold (or take) the leader lease: one queue replica runs cycles at a time. A lease renewed less than
@@ -398,6 +470,7 @@ class QueueService(Service):
         (`wake`) does it also ask for the ids of the undecided jobs (one SMEMBERS). A stale view costs a
         rejected order at worst: the commit script checks every GPU."""
         now = self.now()
+        self._hear(now)
         self.cycles += 1
         if full or not self.held.complete:
             self._foreign = False  # the full read below covers every replica's writes
@@ -433,7 +506,7 @@ class QueueService(Service):
             if rec.id in held:
                 continue  # committed, its Committed event not handled yet (or a release on its way)
             if rec.inflight_since is not None:
-                if now - rec.inflight_since < INFLIGHT_TIMEOUT_S:
+                if not overdue(self.hearing, rec.inflight_since, now, INFLIGHT_TIMEOUT_S):
                     # its order is on its way
                     occupy(state, rec.id, rec.allocation, rec, now, preemptible=False)
                     continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 
@@ -25,6 +26,7 @@ from shared.redis_client import redis_client as make_redis_client
 from shared.runtime import Deps
 from shared.schemas import NodeRecord
 from shared.settings import Settings
+from shared.store import ViewMark
 
 _JS_API = "$JS.API"
 
@@ -86,6 +88,9 @@ async def service_deps(
     """A service's dependencies under `namespace`, with `nodes` (name -> domain) registered; its keys go after."""
     names = Names(prefix=namespace)
     deps = await Deps.connect(Settings(prefix=namespace), "queue", nats_url, redis_url, names, clock=clock)
+    await deps.store.open_view(
+        ViewMark(), time.time()
+    )  # a fresh view of an empty log (the queue opens it when it runs)
     for node, domain in nodes.items():
         await deps.store.put_node(NodeRecord(name=node, domain=domain))
     try:

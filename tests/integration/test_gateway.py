@@ -8,6 +8,7 @@ responder on names.node_admin.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ from shared.schemas import (
     encode,
 )
 from shared.settings import Settings
+from shared.store import ViewMark
 from shared.tracing import noop_tracer
 from tests.integration.conftest import delete_nats_namespace, delete_redis_namespace
 
@@ -101,6 +103,7 @@ async def _cleanup(nats_url: str, redis_url: str, namespace: str) -> None:
 async def gw(nats_url: str, redis_url: str, namespace: str) -> AsyncIterator[Gw]:
     names = Names(prefix=namespace)
     deps = await _deps(nats_url, redis_url, names)
+    await deps.store.open_view(ViewMark(), time.time())
     app = build_app(deps, keepalive_s=0.3, admin_timeout_s=0.5)
     try:
         async with TestClient(TestServer(app)) as client:
@@ -178,6 +181,22 @@ async def test_validation_follows_the_registered_topology(gw: Gw) -> None:
     resp = await gw.client.post("/v1/jobs", json={**shape, "topology": {"segment": 2}})
     assert resp.status == 202
     assert await gw.stream_count(gw.names.job_submit) == 2
+
+
+async def test_a_fleet_relearning_its_nodes_still_takes_what_the_whole_fleet_fits(gw: Gw) -> None:
+    """Redis came back empty: nodes register again one by one. A job the fleet seen whole fits is accepted
+    (it waits for its nodes); one that never fit is still refused."""
+    shape = {**JOB, "gpus": 16}
+    for i in range(6):
+        await gw.deps.store.put_node(_node(f"n{i}", "r1"))
+    assert (await gw.client.post("/v1/jobs", json=shape)).status == 202
+    keys = [k async for k in gw.deps.store.r.scan_iter(gw.names.key_pattern)]
+    await gw.deps.store.r.delete(*keys)
+    await gw.deps.store.open_view(ViewMark(), time.time())
+    await gw.deps.store.put_node(_node("n0", "r1"))  # the first node back
+    assert (await gw.client.post("/v1/jobs", json=shape)).status == 202
+    too_big = await gw.client.post("/v1/jobs", json={**JOB, "gpus": 40})
+    assert too_big.status == 422 and "the cluster has 6" in (await too_big.json())["error"]
 
 
 async def test_idempotent_resubmit(gw: Gw) -> None:
@@ -434,7 +453,23 @@ async def test_events_stream_job_and_node_events(gw: Gw) -> None:
 async def test_health_and_readiness(gw: Gw) -> None:
     assert (await gw.client.get("/healthz")).status == 200
     resp = await gw.client.get("/readyz")
-    assert resp.status == 200 and await resp.json() == {"status": "ok", "nats": True, "redis": True}
+    assert resp.status == 200 and await resp.json() == {"status": "ok", "nats": True, "redis": True, "view": True}
+
+
+async def test_a_view_being_rebuilt_answers_503_never_404(gw: Gw) -> None:
+    """While the view is rebuilt from the log (Redis came back empty or behind), a job it lacks may exist."""
+    await gw.deps.store.put_job(_record("known"), new=True)
+    await gw.deps.store.close_view()
+    resp = await gw.client.get("/readyz")
+    assert resp.status == 503 and (await resp.json())["view"] is False
+    for method, path in (("GET", "/v1/jobs/unknown"), ("GET", "/v1/jobs"), ("GET", "/v1/cluster"),
+                         ("DELETE", "/v1/jobs/unknown")):  # fmt: skip
+        resp = await gw.client.request(method, path)
+        assert resp.status == 503 and resp.headers["Retry-After"] == "1", (method, path, resp.status)
+        assert "rebuilt" in (await resp.json())["error"]
+    assert (await gw.client.get("/v1/jobs/known")).status == 200  # what the view has is served
+    await gw.deps.store.open_view(ViewMark(), time.time())
+    assert (await gw.client.get("/v1/jobs/unknown")).status == 404
 
 
 async def test_not_ready_without_nats(nats_url: str, redis_url: str, namespace: str) -> None:

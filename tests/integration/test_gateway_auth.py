@@ -7,6 +7,7 @@ drain answer comes from a tiny responder on names.node_admin (as in test_gateway
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from shared.names import Names
 from shared.runtime import Deps
 from shared.schemas import NODE_ADMIN, AdminReply, AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, encode
 from shared.settings import Settings
+from shared.store import ViewMark
 from shared.tracing import noop_tracer
 from tests.integration.conftest import delete_nats_namespace, delete_redis_namespace
 
@@ -64,6 +66,7 @@ class Gw:
 async def gw(nats_url: str, redis_url: str, namespace: str, tmp_path: Path) -> AsyncIterator[Gw]:
     names = Names(prefix=namespace)
     deps = await Deps.connect(Settings(), "gateway", nats_url, redis_url, names, tracer=noop_tracer("gateway"))
+    await deps.store.open_view(ViewMark(), time.time())
     path = tmp_path / "tokens.yaml"
     path.write_text(TOKENS_YAML)
     app = build_app(deps, keepalive_s=0.3, admin_timeout_s=0.5, tokens=Tokens.load(path))

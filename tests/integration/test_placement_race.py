@@ -39,7 +39,7 @@ from shared.schemas import (
     ReleaseOrder,
 )
 from shared.settings import Settings
-from shared.store import Store
+from shared.store import Store, ViewMark
 from shared.tracing import noop_tracer
 from tests import streams
 
@@ -58,6 +58,7 @@ class Replicas:
         self.store = Store.from_url(redis_url, names)
 
     async def start(self, count: int) -> None:
+        await self.store.open_view(ViewMark(), time.time())
         for i in range(count):
             bus = await Bus.connect(self.nats_url, self.names, "placement")
             await bus.ensure_streams()

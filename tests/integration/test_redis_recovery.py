@@ -27,7 +27,7 @@ from shared.embedded import EmbeddedSentinel, EmbeddedValkey
 from shared.names import Names
 from shared.redis_client import redis_client
 from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, NodeRecord
-from shared.store import Store
+from shared.store import Store, ViewMark
 
 pytestmark = pytest.mark.asyncio
 
@@ -56,6 +56,8 @@ def _running(rec: JobRecord) -> JobRecord | None:
 
 async def _every_kind_of_call(store: Store, tag: str) -> None:
     """One of each command family the services send, checked: reads, writes, pipelines, each script."""
+    await store.open_view(ViewMark(), time.time())
+    await store.record_view(ViewMark(1, 1))
     await store.put_node(NodeRecord(name=NODE, domain="d00"))
     assert (node := await store.get_node(NODE)) is not None and node.state == "up"
     await store.touch_nodes({NODE: 5.0})
@@ -144,6 +146,7 @@ async def test_a_reply_lost_after_the_write_ran_is_retried_to_the_same_outcome(
     redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = _store(redis_url, Names(prefix=namespace))
+    await store.open_view(ViewMark(), time.time())
     try:
         with losing_replies(monkeypatch) as lose:
             await store.put_node(NodeRecord(name=NODE, domain="d00"))

