@@ -101,7 +101,25 @@ def _free_port(host: str = _HOST) -> int:
         return int(sock.getsockname()[1])
 
 
-class _EmbeddedServer:
+class Started:
+    """Something started and stopped as a whole (a server, a set of them): `with X() as x:` runs it."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class _EmbeddedServer(Started):
     """Subprocess lifecycle shared by both servers; subclasses say how to launch and how to probe."""
 
     kind = "server"
@@ -205,14 +223,6 @@ class _EmbeddedServer:
         except (OSError, RuntimeError):
             return "<no log>"
         return data[-chars:].decode(errors="replace").strip() or "<empty log>"
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         state = f"pid={self.pid}" if self.running else "stopped"

@@ -23,13 +23,12 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, Self
 
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 
-from shared.embedded import EmbeddedNats, EmbeddedSentinel, EmbeddedValkey
+from shared.embedded import EmbeddedNats, EmbeddedSentinel, EmbeddedValkey, Started
 
 WAIT_S = 30.0
 
@@ -40,7 +39,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def _wait_for(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = WAIT_S) -> Any:
+async def wait_for(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = WAIT_S) -> Any:
     """Poll `probe` (errors count as not yet: the servers are changing under it) until it returns something."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -87,7 +86,7 @@ class ClusterNats(EmbeddedNats):
         return cmd
 
 
-class NatsCluster:
+class NatsCluster(Started):
     """`size` nats-servers in one JetStream cluster on loopback. `url` lists every node (a client fails over)."""
 
     def __init__(self, size: int = 3) -> None:
@@ -130,7 +129,7 @@ class NatsCluster:
             info = json.loads((await nc.request("$JS.API.INFO", b"", timeout=1)).data)
             return "error" not in info
 
-        await _wait_for(probe, "the JetStream meta leader", timeout)
+        await wait_for(probe, "the JetStream meta leader", timeout)
 
     async def stream_leader(self, nc: NatsClient, stream: str) -> int:
         """Index of the node that leads `stream` now (once it has one)."""
@@ -140,21 +139,13 @@ class NatsCluster:
             leader = info.cluster.leader if info.cluster else None
             return self.index(leader) + 1 if leader else None  # +1: index 0 is a valid answer
 
-        return int(await _wait_for(probe, f"a leader of {stream}")) - 1
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        return int(await wait_for(probe, f"a leader of {stream}")) - 1
 
 
 # -- Valkey + Sentinel --------------------------------------------------------------------------------------
 
 
-class SentinelSet:
+class SentinelSet(Started):
     """A Valkey primary, one replica and three Sentinels (quorum 2, a primary down after 1 s) on loopback."""
 
     def __init__(self, service: str = "rackscale", *, sentinels: int = 3, down_after_ms: int = 1000) -> None:
@@ -224,7 +215,7 @@ class SentinelSet:
                     return False
             return True
 
-        await _wait_for(probe, "the replica in sync and the Sentinels aware of it and of each other", timeout)
+        await wait_for(probe, "the replica in sync and the Sentinels aware of it and of each other", timeout)
 
     async def wait_failover(self, old: tuple[str, int], timeout: float = WAIT_S) -> tuple[str, int]:
         """Until the Sentinels name a primary other than `old`; returns it."""
@@ -233,12 +224,4 @@ class SentinelSet:
             now = await self.primary()
             return now if now != old else None
 
-        return tuple(await _wait_for(probe, f"a primary other than {old}", timeout))  # type: ignore[return-value]
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
+        return tuple(await wait_for(probe, f"a primary other than {old}", timeout))  # type: ignore[return-value]

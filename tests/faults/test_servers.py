@@ -15,7 +15,7 @@ from nats.js.api import StorageType, StreamConfig
 from redis.asyncio.sentinel import Sentinel
 
 from shared.embedded import EmbeddedNats
-from tests.servers import NatsCluster, SentinelSet, _wait_for
+from tests.servers import NatsCluster, SentinelSet, wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -36,7 +36,7 @@ async def test_a_nats_server_sigkilled_comes_back_on_its_port_and_store(tmp_path
         assert server.port == port and (tmp_path / "store" / "jetstream").is_dir()
         # the same client reconnects by itself (and flushes what it buffered: the publish that timed out may land
         # now, so the retry carries the same msg id); the stream and its dedup window survived
-        ack = await _wait_for(lambda: js.publish("kept.b", b"2", headers={"Nats-Msg-Id": "b"}), "a publish again")
+        ack = await wait_for(lambda: js.publish("kept.b", b"2", headers={"Nats-Msg-Id": "b"}), "a publish again")
         assert ack.seq == 2
         assert (await js.publish("kept.a", b"1", headers={"Nats-Msg-Id": "a"})).duplicate
         await nc.close()
@@ -54,12 +54,12 @@ async def test_a_nats_cluster_keeps_an_r3_stream_when_its_leader_is_sigkilled() 
         await cluster.wait_ready(nc)
         js = nc.jetstream()
         config = StreamConfig(name="R3", subjects=["r3.>"], storage=StorageType.FILE, num_replicas=3)
-        await _wait_for(lambda: js.add_stream(config), "an R3 stream (every peer current)")
+        await wait_for(lambda: js.add_stream(config), "an R3 stream (every peer current)")
 
         async def publish(i: int) -> None:
             """Until JetStream took message i (a stream without a leader yet answers nothing: ask again)."""
             send = functools.partial(js.publish, "r3.x", b"x", headers={"Nats-Msg-Id": f"m{i}"}, timeout=1)
-            await _wait_for(send, f"message {i} stored")
+            await wait_for(send, f"message {i} stored")
 
         leader = await cluster.stream_leader(nc, "R3")
         for i in range(10):
@@ -76,7 +76,7 @@ async def test_a_nats_cluster_keeps_an_r3_stream_when_its_leader_is_sigkilled() 
             info = await nc.jsm().stream_info("R3")
             return info.state.messages == 20 and all(r.current for r in info.cluster.replicas or [])
 
-        await _wait_for(caught_up, "20 messages with every replica current")
+        await wait_for(caught_up, "20 messages with every replica current")
     finally:
         if nc is not None:
             with contextlib.suppress(Exception):
@@ -101,7 +101,7 @@ async def test_a_sentinel_set_promotes_the_replica_when_the_primary_is_sigkilled
         assert servers.replica is not None
         assert await servers.wait_failover(old) == (servers.replica.host, servers.replica.port)
         # a client that asks the Sentinels again reaches the promoted replica, with the write and writable
-        await _wait_for(lambda: primary.set("k2", "v2"), "a write on the new primary")
+        await wait_for(lambda: primary.set("k2", "v2"), "a write on the new primary")
         assert await primary.get("k") == "v"
         await primary.aclose()
         direct = aioredis.Redis(host=servers.replica.host, port=servers.replica.port, decode_responses=True)

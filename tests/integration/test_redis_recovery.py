@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -23,15 +23,15 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from redis.asyncio.connection import Connection
 
-from shared.embedded import EmbeddedSentinel, EmbeddedValkey
+from shared.embedded import EmbeddedValkey
 from shared.names import Names
 from shared.redis_client import redis_client
 from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, NodeRecord
 from shared.store import Store, ViewMark
+from tests.servers import SentinelSet, wait_for
 
 pytestmark = pytest.mark.asyncio
 
-WAIT_S = 60.0  # bound on waiting for a failover; never an assertion
 NODE = "d00-n00"
 
 
@@ -207,31 +207,6 @@ async def test_a_valkey_restart_on_the_same_port_needs_no_new_store(namespace: s
 # -- Sentinel failover ------------------------------------------------------------------------------------------
 
 
-class SentinelSet:
-    """A primary, one replica and three Sentinels on loopback."""
-
-    def __init__(self) -> None:
-        self.primary = EmbeddedValkey()
-        self.replica: EmbeddedValkey | None = None
-        self.sentinels: list[EmbeddedSentinel] = []
-
-    def start(self) -> None:
-        self.primary.start()
-        self.replica = EmbeddedValkey(replica_of=self.primary.port).start()
-        self.sentinels = [EmbeddedSentinel(self.primary.port, down_after_ms=1000).start() for _ in range(3)]
-
-    @property
-    def url(self) -> str:
-        hosts = ",".join(f"{s.host}:{s.port}" for s in self.sentinels)
-        return f"redis+sentinel://{hosts}/mymaster/0"
-
-    def stop(self) -> None:
-        for server in [*self.sentinels, self.replica, self.primary]:
-            if server is not None:
-                with contextlib.suppress(Exception):
-                    server.stop()
-
-
 @pytest_asyncio.fixture
 async def sentinel_set() -> AsyncIterator[SentinelSet]:
     servers = SentinelSet()
@@ -242,55 +217,22 @@ async def sentinel_set() -> AsyncIterator[SentinelSet]:
         await asyncio.to_thread(servers.stop)
 
 
-async def _wait_for(probe: Callable[[], Awaitable[Any]], what: str) -> Any:
-    deadline = time.monotonic() + WAIT_S
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            if value := await probe():
-                return value
-        except Exception as e:  # the servers are changing under the probe: keep asking
-            last = e
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {WAIT_S:g}s waiting for {what}; last error {last!r}")
-
-
 async def test_the_store_follows_a_sentinel_failover(sentinel_set: SentinelSet, namespace: str) -> None:
     s = sentinel_set
     assert s.replica is not None
     replica_port = s.replica.port
-
-    async def ready() -> bool:
-        """The replica is in sync and every Sentinel knows it and the two other Sentinels."""
-        replica = aioredis.Redis(host=s.replica.host, port=replica_port, decode_responses=True)
-        try:
-            if (await replica.info("replication")).get("master_link_status") != "up":
-                return False
-        finally:
-            await replica.aclose()
-        for sentinel in s.sentinels:
-            client = aioredis.Redis(host=sentinel.host, port=sentinel.port, decode_responses=True)
-            try:
-                replicas = await client.execute_command("SENTINEL", "REPLICAS", "mymaster")
-                others = await client.execute_command("SENTINEL", "SENTINELS", "mymaster")
-            finally:
-                await client.aclose()
-            if len(replicas) < 1 or len(others) < 2:
-                return False
-        return True
-
-    await _wait_for(ready, "the replica in sync and the Sentinels aware of it and of each other")
+    await s.wait_ready()
     store = _store(s.url, Names(prefix=namespace))
     try:
         await _every_kind_of_call(store, "before")
         assert int(await store.r.execute_command("WAIT", 1, 5000)) == 1  # the replica has every write
 
-        await asyncio.to_thread(s.primary.kill)
+        await asyncio.to_thread(s.primary_server.kill)
 
         async def served() -> bool:
             return await store.get_job("before-job") is not None
 
-        await _wait_for(served, "the store served by the promoted replica")
+        await wait_for(served, "the store served by the promoted replica")
         assert await store.r.connection_pool.get_master_address() == (s.replica.host, replica_port)
         assert (kept := await store.get_job("before-job")) is not None and kept.state is JobState.RUNNING
         for i in range(10):  # and it stays served: writes, scripts, reads
