@@ -9,16 +9,16 @@ changes nothing on the server, and stops at the stream's last sequence as of the
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import nats.errors
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
-BATCH = 1024
-FETCH_TIMEOUT_S = 2.0
+QUIET_S = 2.0  # no message for this long: the read is over (what is left of the stream is on other subjects)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,32 +33,42 @@ async def read_log(
     js: JetStreamContext, stream: str, subject: str, after: int = 0, upto: int | None = None
 ) -> AsyncIterator[LogEntry]:
     """The messages of `stream` on `subject` (a wildcard too) with a sequence above `after`, in order, up to
-    `upto` (default: the stream's last sequence when the read begins)."""
+    `upto` (default: the stream's last sequence when the read begins). An ordered push consumer hands them
+    over as they come (a pull consumer's fetch waits for each message on its own: three times slower)."""
     last = (await js.stream_info(stream)).state.last_seq if upto is None else upto
     if last <= after:
         return
-    config = ConsumerConfig(
-        ack_policy=AckPolicy.NONE,  # an explicit-ack consumer would stop after max_ack_pending
-        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-        opt_start_seq=after + 1,
-    )
-    sub = await js.pull_subscribe(subject, stream=stream, config=config)
-    # nats-py's fetch of n waits until n came or it times out: ask for what the consumer says is pending
-    want = 1
+    came: list[LogEntry] = []
+    more = asyncio.Event()
+    done = False
+
+    async def on_msg(m: Msg) -> None:
+        nonlocal done
+        md = m.metadata
+        seq = md.sequence.stream
+        if seq <= last and not done:
+            came.append(LogEntry(seq, m.subject, m.data, dict(m.headers or {})))
+        if seq >= last or md.num_pending == 0:
+            done = True
+        more.set()
+
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1)
+    sub = await js.subscribe(subject, stream=stream, cb=on_msg, ordered_consumer=True, config=config)
     try:
-        while want:
+        if (await sub.consumer_info()).num_pending == 0 and not came:
+            return  # nothing on this subject past `after`
+        while True:
             try:
-                msgs = await sub.fetch(want, timeout=FETCH_TIMEOUT_S)
-            except (nats.errors.TimeoutError, TimeoutError):
-                return  # nothing (more) on this subject up to `last`
-            for m in msgs:
-                seq = m.metadata.sequence.stream
-                if seq > last:
-                    return
-                yield LogEntry(seq, m.subject, m.data, dict(m.headers or {}))
-                if seq == last:
-                    return
-            want = min(BATCH, msgs[-1].metadata.num_pending)
+                await asyncio.wait_for(more.wait(), QUIET_S)
+            except TimeoutError:
+                return  # nothing more came: the rest of the stream is on other subjects
+            more.clear()
+            batch = came[:]
+            del came[: len(batch)]
+            for entry in batch:
+                yield entry
+            if done and not came:
+                return
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()

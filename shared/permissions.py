@@ -105,6 +105,7 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
             n.cycle_kick,  # a replica kicks the leader's cycle
             *(f"{JS_API}.CONSUMER.CREATE.{stream(s)}" for s in (n.job_submit, n.events_all)),
             *(f"{JS_API}.CONSUMER.DELETE.{stream(s)}.*" for s in (n.job_submit, n.events_all)),
+            *(f"$JS.FC.{stream(s)}.>" for s in (n.job_submit, n.events_all)),  # its ordered consumers' flow control
         ],
         "placement": [n.placement_events, n.agent_cmd("*")],
         "migration": [

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from shared import lifecycle
-from shared.bus import Bus
+from shared.bus import Bus, Outgoing
 from shared.joblog import read_log
 from shared.schemas import (
     EVENTS,
@@ -34,6 +34,7 @@ from shared.schemas import (
     Committed,
     JobEvent,
     JobRecord,
+    JobState,
     JobSubmitted,
     RankExited,
     RankStarted,
@@ -56,6 +57,7 @@ class LogFold:
     touched: set[str] = field(default_factory=set)  # jobs whose record the fold changed
     committed_at: dict[tuple[str, int], float] = field(default_factory=dict)  # (job, attempt) → commit time
     skipped: int = 0  # messages of jobs the log never submitted (or submitted before the position read from)
+    logged_as: dict[str, tuple[JobState, int]] = field(default_factory=dict)  # job → its last JobEvent's state
 
     def submitted(self, msg: JobSubmitted, trace: str, now: float) -> None:
         if msg.job_id not in self.records:
@@ -69,6 +71,8 @@ class LogFold:
         if rec is None:
             self.skipped += 1
             return
+        if isinstance(msg, JobEvent):
+            self.logged_as[msg.job_id] = (msg.state, msg.attempt)
         domains = None
         if isinstance(msg, Committed):
             domains = list(dict.fromkeys(d for ng in msg.nodes if (d := self.domain_of.get(ng.node))))
@@ -76,6 +80,24 @@ class LogFold:
         if new is not None:
             self.records[msg.job_id] = new
             self.touched.add(msg.job_id)
+
+    def unlogged(self) -> list[JobEvent]:
+        """The events the handlers would have published for what the fold applied from the inbox alone (an
+        input whose handler was cut short by the outage: its redelivery finds the record changed already and
+        publishes nothing), so the log keeps telling who held which GPU when: a holding attempt's placed event
+        first, then the state it is in."""
+        out: list[JobEvent] = []
+        for job in sorted(self.touched):
+            rec = self.records[job]
+            last = self.logged_as.get(job)
+            if last == (rec.state, rec.attempt) or (last is None and rec.state is JobState.PENDING):
+                continue
+            held = rec.state in HOLDING or bool(rec.started_ranks or rec.exit_codes)
+            if held and rec.allocation and (last is None or last[1] != rec.attempt or last[0] is JobState.PENDING):
+                out.append(lifecycle.event_of(msgspec.structs.replace(rec, state=JobState.PLACED)))
+            if rec.state is not JobState.PLACED or not held:
+                out.append(lifecycle.event_of(rec))
+        return out
 
     def allocations(self) -> dict[str, AllocationRecord]:
         """What every job holding GPUs holds: its record's allocation, committed when its commit says."""
@@ -87,6 +109,11 @@ class LogFold:
                     job_id=rec.id, attempt=rec.attempt, nodes=rec.allocation, committed_at=at
                 )
         return out
+
+
+def _trace(fold: LogFold, ev: JobEvent) -> dict[str, str] | None:
+    trace = fold.records[ev.job_id].trace
+    return {"traceparent": trace} if trace else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,18 +159,28 @@ async def rebuild_view(bus: Bus, store: Store, since: ViewMark | None, now: floa
             fold.logged(ev)
     changed = [fold.records[j] for j in sorted(fold.touched)]
     await store.restore_jobs(changed)
+    events = fold.unlogged()
+    if events:  # before anything can be handed out again (the view is still closed)
+        await bus.publish_all(
+            [
+                Outgoing(names.job_event(ev.job_id), ev, f"{ev.job_id}:{ev.state}:{ev.attempt}", _trace(fold, ev))
+                for ev in events
+            ]
+        )
     held = fold.allocations()
     await store.restore_allocations(held, {r.id: r.floor for r in fold.records.values() if r.id in fold.touched})
     new_mark = ViewMark(jobs_seq=max(jobs_seq, after.jobs_seq), events_seq=max(events_seq, after.events_seq))
     await store.open_view(new_mark, now)
     took = time.monotonic() - started
     log.warning(
-        "view %s from the log in %.2fs: %d messages read, %d job records and %d allocations written%s",
+        "view %s from the log in %.2fs: %d messages read, %d job records and %d allocations written, %d events "
+        "published for what only the inbox said%s",
         "rebuilt" if full else f"caught up from {after}",
         took,
         messages,
         len(changed),
         len(held),
+        len(events),
         f"; {fold.skipped} messages of jobs not submitted in the log read" if fold.skipped else "",
     )
     return Rebuilt(full, len(changed), len(held), messages, new_mark, took)
