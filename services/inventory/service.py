@@ -179,6 +179,7 @@ class InventoryService(Service):
         self._regs: dict[str, AgentRegister] = {}  # registrations waiting for the flusher, one per node
         self._beat = asyncio.Event()
         self.ranks = RankWatch(self.store, self.bus, deps.settings.heartbeat_s, self.now)
+        self._heard: dict[str, float] = {}  # node → when this replica last handled a report of it
         self._ticks = 0
         self.health = HealthMonitor(
             self.store,
@@ -325,6 +326,7 @@ class InventoryService(Service):
             else:
                 await self.register(reg)
             self.ranks.observe(reg.node, reg.ranks, now)
+            self._heard[reg.node] = now
         await self.store.touch_nodes(seen)
 
     async def _flusher(self) -> None:
@@ -373,6 +375,7 @@ class InventoryService(Service):
                 continue
             out[hb.node] = msgspec.structs.replace(prev, last_heartbeat=now)
             self.ranks.observe(hb.node, hb.ranks, now)
+            self._heard[hb.node] = now
             if prev.state == "down" or (hb.gpus and _agent_health(hb, prev) != prev.agent_health):
                 changed.append(hb)
         await self.store.touch_nodes({node: now for node, rec in out.items() if rec is not None})
@@ -433,7 +436,7 @@ class InventoryService(Service):
                 rec = await self.store.get_node(name)  # a heartbeat may have landed meanwhile
                 if rec is None or rec.state == "down" or not self._silent(rec, now):
                     continue
-                silent_s = silent_for(self.hearing, rec.last_heartbeat, now)
+                silent_s = silent_for(self.hearing, self._last_heard(rec), now)
                 rec.state = "down"
                 rec.reason = f"no heartbeat for {silent_s:.1f}s (limit {self.down_after_s:g}s)"
                 self.ranks.forget(name)  # its jobs are the node-down rule's now
@@ -444,7 +447,12 @@ class InventoryService(Service):
         return changes
 
     def _silent(self, rec: NodeRecord, now: float) -> bool:
-        return overdue(self.hearing, rec.last_heartbeat, now, self.down_after_s)
+        return overdue(self.hearing, self._last_heard(rec), now, self.down_after_s)
+
+    def _last_heard(self, rec: NodeRecord) -> float:
+        """The node's last report as Redis has it, or as this replica heard it if that is later: a Redis that
+        went back in time (a stale replica promoted) holds old heartbeats, and silence is the node's alone."""
+        return max(rec.last_heartbeat, self._heard.get(rec.name, 0.0))
 
     def _link_epoch(self) -> int:
         return self.bus.reconnects + self._store_breaks

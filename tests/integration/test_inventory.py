@@ -281,6 +281,25 @@ async def test_missed_heartbeats_mark_the_node_down_and_a_heartbeat_brings_it_ba
     ]
 
 
+async def test_a_redis_that_went_back_in_time_does_not_make_a_heard_node_silent(harness: Harness) -> None:
+    """A stale replica promoted holds old heartbeats: a node this inventory heard lately is not marked down."""
+    h, clock = harness, FakeClock()
+    inv = await h.inventory(clock)
+    await registered(h, inv)
+    limit = h.settings.missed_heartbeats * h.settings.heartbeat_s
+    clock.t += limit  # a heartbeat heard now...
+    await send(h, h.names.agent_heartbeat, Heartbeat(node="d00-n00", at=clock.t))
+    await wait_record(inv, "d00-n00", lambda r: r.last_heartbeat == clock.t)
+    stale = await inv.store.get_node("d00-n00")
+    assert stale is not None
+    await inv.store.put_node(msgspec.structs.replace(stale, last_heartbeat=0.0), topology_changed=False)
+    await inv.store.touch_nodes({"d00-n00": 0.0})  # ...that Redis, gone back in time, doesn't have
+    await h.redis.zadd(h.names.heartbeats_key, {"d00-n00": 0.0})
+    assert await inv.check_once(clock.t + limit - 0.05) == []
+    (change,) = await inv.check_once(clock.t + limit + 1)  # silent since what it heard: down, as ever
+    assert change.node == "d00-n00" and change.state == "down"
+
+
 async def test_heartbeats_keep_the_node_up_without_bumping_the_topology(harness: Harness) -> None:
     h, clock = harness, FakeClock()
     inv = await h.inventory(clock)
