@@ -5,9 +5,11 @@ not yet stored in JetStream (so a rank whose exit is on its way is never missed)
 
 - **lost**: a rank the records say holds GPUs on a node (its job placed, running or migrating on that node,
   the rank neither exited nor acknowledged a checkpoint) that the node's reports have left out for `grace_s`,
-  across at least `MIN_REPORTS` reports, is lost there. An agent that restarted at once (a new process, its
-  ranks gone) reports none of them, so its jobs end the way a node that went down ends them (requeued, or
-  failed by `on_node_failure`), only sooner than the node-down limit.
+  across at least `MIN_REPORTS` reports, is lost there; one no report ever named (its start may still be on
+  its way: a JetStream leader election holds commands for seconds) only after `start_grace_s`. An agent
+  that restarted at once (a new process, its ranks gone) reports none of them, so its jobs end the way a
+  node that went down ends them (requeued, or failed by `on_node_failure`), only sooner than the node-down
+  limit.
 - **stray**: a rank an agent reports whose attempt is over (the job ended, or moved on to a later attempt
   after this one was placed and given up) is stopped, once it has outlived the same grace (its own stop may
   be on its way).
@@ -60,10 +62,14 @@ class Reconciler:
     `verdicts` every round (a doubt counts one more report only when its node reported since the last)."""
 
     grace_s: float
+    # a rank no report ever named: its StartRank may still be on its way (a JetStream leader election holds
+    # commands for seconds), so it is lost only after this much longer grace
+    start_grace_s: float = 0.0
     missing: dict[RankKey, _Doubt] = field(default_factory=dict)  # expected, left out of the reports
     extra: dict[RankKey, _Doubt] = field(default_factory=dict)  # reported, its attempt over
     reported: dict[str, tuple[float, frozenset[tuple[str, int, int]]]] = field(default_factory=dict)
     counted: dict[str, float] = field(default_factory=dict)  # node → time of its report the last round counted
+    named: set[RankKey] = field(default_factory=set)  # expected ranks some report named (pruned with them)
 
     def observe(self, node: str, ranks: Iterable[RunningRank], at: float) -> None:
         """A node's report, received at `at` (inventory's clock): the ranks its agent holds."""
@@ -85,15 +91,20 @@ class Reconciler:
         stray: list[StrayRank] = []
         now_missing: dict[RankKey, _Doubt] = {}
         now_extra: dict[RankKey, _Doubt] = {}
+        named: set[RankKey] = set()
         for node, (at, held) in self.reported.items():
             fresh = self.counted.get(node, -1.0) < at
             self.counted[node] = at
             for job_id, attempt, rank in expected.get(node, ()):
-                if (job_id, attempt, rank) in held:
-                    continue
                 key = (node, job_id, attempt, rank)
+                if (job_id, attempt, rank) in held:
+                    named.add(key)
+                    continue
+                if key in self.named:
+                    named.add(key)
+                grace = self.grace_s if key in named else max(self.grace_s, self.start_grace_s)
                 doubt = now_missing[key] = _carry(self.missing.get(key), at, fresh)
-                if doubt.reports >= MIN_REPORTS and now - doubt.since >= self.grace_s:
+                if doubt.reports >= MIN_REPORTS and now - doubt.since >= grace:
                     lost.append(LostRank(node, job_id, attempt, rank, f"its agent on {node} no longer runs it"))
             for job_id, attempt, rank in held:
                 rec = jobs.get(job_id)
@@ -104,7 +115,7 @@ class Reconciler:
                 if doubt.reports >= MIN_REPORTS and now - doubt.since >= self.grace_s:
                     why = f"job {job_id} is {rec.state.value}" if rec.state in TERMINAL else "its attempt is over"
                     stray.append(StrayRank(node, job_id, attempt, rank, why))
-        self.missing, self.extra = now_missing, now_extra
+        self.missing, self.extra, self.named = now_missing, now_extra, named
         return lost, stray
 
 

@@ -21,14 +21,17 @@ from shared.store import Store
 log = logging.getLogger("rackscale.inventory.ranks")
 
 GRACE_HEARTBEATS = 3  # a rank may be left out of this many heartbeat periods before it is lost...
-GRACE_MIN_S = 5.0  # ...and for this long at least (a start on its way to a loaded agent)
+GRACE_MIN_S = 5.0  # ...and for this long at least (a loaded agent)
+START_GRACE_S = 30.0  # a rank no report named yet: its StartRank may be held by a JetStream leader election
 LOST_EXIT_CODE = -9  # what a lost rank's exit reads as (killed with its node)
 
 
 class RankWatch:
     def __init__(self, store: Store, bus: Bus, heartbeat_s: float, clock: Callable[[], float]) -> None:
         self.store, self.bus, self.clock = store, bus, clock
-        self.reconciler = Reconciler(grace_s=max(GRACE_HEARTBEATS * heartbeat_s, GRACE_MIN_S))
+        self.reconciler = Reconciler(
+            grace_s=max(GRACE_HEARTBEATS * heartbeat_s, GRACE_MIN_S), start_grace_s=START_GRACE_S
+        )
         self.lost = 0  # ranks reported lost (count, for tests and metrics)
         self.stopped = 0  # stray ranks stopped
         self._told: set[tuple[str, str, int, int]] = set()  # verdicts published, while they still stand

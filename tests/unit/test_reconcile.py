@@ -161,3 +161,16 @@ def test_forget_drops_a_nodes_doubts() -> None:
     assert not r.missing and "n1" not in r.reported
     verdicts = rounds(r, {"a": msgspec.structs.replace(job())}, [(float(t), {"n1": []}) for t in range(10, 14)])
     assert all(lost == [] for lost, _ in verdicts)  # starts afresh from t=10
+
+
+def test_a_rank_no_report_ever_named_has_the_longer_start_grace() -> None:
+    """Its StartRank may still be held (a JetStream leader election): lost only after `start_grace_s`; a rank
+    that was reported once and then left out has the short grace."""
+    r = Reconciler(GRACE, start_grace_s=30.0)
+    never = rounds(r, {"a": job()}, [(float(t), {"n0": [rank(0)], "n1": []}) for t in range(0, 40)])
+    first = next(t for t, (lost, _) in enumerate(never) if lost)
+    assert first == 30 and [x.rank for x in never[first][0]] == [1]
+    r = Reconciler(GRACE, start_grace_s=30.0)
+    rounds(r, {"a": job()}, [(0.0, {"n0": [rank(0)], "n1": [rank(1)]})])
+    gone = rounds(r, {"a": job()}, [(float(t), {"n0": [rank(0)], "n1": []}) for t in range(1, 40)])
+    assert next(t for t, (lost, _) in enumerate(gone, start=1) if lost) == 6  # left out from t=1: 5 s later
