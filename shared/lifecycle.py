@@ -207,6 +207,11 @@ def exited(rec: JobRecord, ev: RankExited, now: float) -> JobRecord | None:
     return r
 
 
+def lost_reason(ev: RankExited) -> str:
+    """Why a rank's `lost` exit loses its node: what inventory said of it, else its agent's own shutdown."""
+    return ev.reason or f"the agent on {ev.node} stopped"
+
+
 def node_lost(rec: JobRecord, attempt: int, reason: str, now: float) -> JobRecord | None:
     """A placed, running or migrating attempt lost a node under it: requeued, or failed by on_node_failure."""
     if rec.attempt != attempt or rec.state not in HOLDING:
@@ -356,7 +361,7 @@ def replayed(rec: JobRecord, msg: Logged, domains: list[str] | None = None) -> J
             if msg.checkpointed:
                 return checkpointed(rec, msg, msg.at)
             if msg.lost and msg.exit_code != 0:
-                return node_lost(rec, msg.attempt, msg.reason or f"the agent on {msg.node} stopped", msg.at)
+                return node_lost(rec, msg.attempt, lost_reason(msg), msg.at)
             return exited(rec, msg, msg.at)
     except NotYet:
         return None

@@ -310,7 +310,7 @@ class QueueService(Service):
                     lifecycle.commit_seen(rec, ev.attempt)
                 except lifecycle.NotYet as e:
                     raise Retry(str(e)) from e
-                await self._lose(ev.job_id, ev.attempt, ev.node, ev.reason or f"the agent on {ev.node} stopped")
+                await self._lose(ev.job_id, ev.attempt, ev.node, lifecycle.lost_reason(ev))
             return
         now = self.now()
 
