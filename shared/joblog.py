@@ -55,7 +55,10 @@ async def read_log(
     config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1)
     sub = await js.subscribe(subject, stream=stream, cb=on_msg, ordered_consumer=True, config=config)
     try:
-        if (await sub.consumer_info()).num_pending == 0 and not came:
+        info = await sub.consumer_info()
+        # num_pending counts what the server hasn't sent yet: messages sent but not yet through `on_msg` show in
+        # `delivered` only (a busy machine returned an empty read of a full stream on that race)
+        if info.num_pending == 0 and (info.delivered.stream_seq or 0) <= after and not came:
             return  # nothing on this subject past `after`
         while True:
             try:
