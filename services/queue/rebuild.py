@@ -116,6 +116,10 @@ def _trace(fold: LogFold, ev: JobEvent) -> dict[str, str] | None:
     return {"traceparent": trace} if trace else None
 
 
+class LogReadShort(RuntimeError):
+    """The log came back shorter than the stream: nothing is written, and the next cycle reads it again."""
+
+
 @dataclass(frozen=True, slots=True)
 class Rebuilt:
     full: bool
@@ -149,14 +153,18 @@ async def rebuild_view(bus: Bus, store: Store, since: ViewMark | None, now: floa
             continue  # dead-lettered when it came
         if isinstance(msg, JobSubmitted):
             fold.submitted(msg, entry.headers.get("traceparent", ""), now)
+    read_to = after.events_seq
     async for entry in read_log(bus.js, events_stream, names.events_all, after.events_seq, events_seq):
         messages += 1
+        read_to = entry.seq
         try:
             ev = EVENTS.decode(entry.data)
         except msgspec.DecodeError:
             continue
         if isinstance(ev, INBOX_TYPES):
             fold.logged(ev)
+    if read_to < events_seq:  # the filter is the stream's one subject: every sequence up to the end is there
+        raise LogReadShort(f"the events log read stopped at {read_to} of {events_seq}: the view stays closed")
     changed = [fold.records[j] for j in sorted(fold.touched)]
     await store.restore_jobs(changed)
     events = fold.unlogged()
