@@ -7,8 +7,8 @@ service (every 5 s) read every job record and every allocation.
 Against an embedded Valkey (or the one named by RACKSCALE_REDIS_URL), N running 1-GPU jobs, each with its job
 record and its allocation as the queue and placement store them. Median over `--repeats` of:
 
-- `remember_active_jobs_ms`: the full read of the job records the queue does, no record changed since the last
-  (only changed records are decoded);
+- `cache_read_active_ms`: the full read of the job records the queue does (`JobCache.read_active`), no record
+  changed since the last (only changed records are decoded);
 - `active_jobs_ms`: every job record read and decoded;
 - `allocations_ms`: every allocation record (one script call).
 
@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable 
 import msgspec
 
 from shared.embedded import EmbeddedValkey
+from shared.job_cache import JobCache
 from shared.names import Names
 from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, NodeRecord
 from shared.store import Store, ViewMark
@@ -72,11 +73,12 @@ async def measure(url: str, jobs: int, repeats: int) -> dict[str, Any]:
     await store.open_view(ViewMark(), time.time())
     try:
         await _fill(store, jobs)
-        await store.remember_active_jobs()  # the queue's first full read decodes everything once
+        cache = JobCache(store)
+        await cache.read_active()  # the queue's first full read decodes everything once
         return {
             "jobs": jobs,
             "repeats": repeats,
-            "remember_active_jobs_ms": await _median_ms(store.remember_active_jobs, repeats),
+            "cache_read_active_ms": await _median_ms(cache.read_active, repeats),
             "active_jobs_ms": await _median_ms(store.active_jobs, repeats),
             "allocations_ms": await _median_ms(store.allocations, repeats),
         }

@@ -628,7 +628,6 @@ async def wipe_view(store: Store) -> None:
     keys = await view_keys(store)
     for i in range(0, len(keys), 2000):
         await store.r.unlink(*keys[i : i + 2000])
-    store.forget_jobs()
 
 
 async def put_back(store: Store, copy: dict[bytes, bytes]) -> None:

@@ -81,7 +81,7 @@ from shared.schemas import EVENTS, JobState, NodeChanged
 from shared.settings import Settings
 from tests.e2e.conftest import E2E
 from tests.faults.burst import Burst, mixed_burst
-from tests.faults.harness import free_port, jobs_at_end, settled
+from tests.faults.harness import free_port, jobs_at_end, settled, snapshot, swap_in
 from tests.history import ALL_NODES, NO_ANSWER, History, Recorder, check, summary
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -286,24 +286,14 @@ class Soak:
         return len([k async for k in self.redis.scan_iter(match=self.stack.settings.names().key_pattern, count=1000)])
 
     async def snapshot(self) -> dict[bytes, bytes]:
-        """The cell's keys as they are now, DUMPed in one MULTI (a consistent copy of the keys scanned)."""
-        keys = [k async for k in self.redis.scan_iter(match=self.stack.settings.names().key_pattern, count=1000)]
-        async with self.redis.pipeline(transaction=True) as p:
-            for k in keys:
-                p.dump(k)
-            dumps = await p.execute()
-        return {k: d for k, d in zip(keys, dumps, strict=True) if d is not None}
+        """The cell's keys as they are now, at one instant (a replica's copy)."""
+        return await snapshot(self.redis, self.stack.settings.names().key_pattern)
 
     async def _swap_in(self, copy: dict[bytes, bytes]) -> str:
-        """The copy takes the place of what was written since, at once (one MULTI), as a failover does."""
-        now = [k async for k in self.redis.scan_iter(match=self.stack.settings.names().key_pattern, count=1000)]
-        async with self.redis.pipeline(transaction=True) as p:
-            if now:
-                p.delete(*now)
-            for k, d in copy.items():
-                p.restore(k, 0, d, replace=True)
-            await p.execute()
-        return f"{len(copy)} keys restored over {len(now)}"
+        """The copy takes the place of what was written since, at once, as a failover does."""
+        keys = await self._count_keys()
+        await swap_in(self.redis, self.stack.settings.names().key_pattern, copy)
+        return f"{len(copy)} keys restored over {keys}"
 
     async def recover(self, run: FaultRun) -> None:
         """Until /readyz answers 200 and a probe submitted now reads `running` (or further), at most

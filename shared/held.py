@@ -161,7 +161,7 @@ class HeldState:
     Rebuilding from every allocation costs time in proportion to the running jobs, on every kicked cycle
     (docs/performance.md, "A busy cluster"). Given the ids of the jobs whose allocation or record changed since the
     last sync (`changed`), a sync costs only those; without them, a pass over every id with identity checks. Records
-    are compared by identity: the queue's views (`Store.remembered_jobs`, `HeldView`) replace a record when it
+    are compared by identity: the queue's views (`JobCache`, `HeldView`) replace a record when it
     changes and keep the object while it doesn't. The result is the same as `occupy_held` on a fresh state (the
     property test in tests/unit/test_held_state.py checks it), except that the expected end of a job past its
     estimate stays where it was when the job went in, instead of moving to `now`: the core reads `max(expected_end,

@@ -24,6 +24,7 @@ QUIET_S = 2.0  # no message for this long: the read is over (what is left of the
 @dataclass(frozen=True, slots=True)
 class LogEntry:
     seq: int
+    at: float  # when the stream stored it (Unix seconds)
     subject: str
     data: bytes
     headers: dict[str, str]
@@ -47,7 +48,7 @@ async def read_log(
         md = m.metadata
         seq = md.sequence.stream
         if seq <= last and not done:
-            came.append(LogEntry(seq, m.subject, m.data, dict(m.headers or {})))
+            came.append(LogEntry(seq, md.timestamp.timestamp(), m.subject, m.data, dict(m.headers or {})))
         if seq >= last or md.num_pending == 0:
             done = True
         more.set()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -188,7 +187,9 @@ return 1
 """
 
 RESTORE_BATCH = 500  # records per pipeline when the view is rebuilt
-CHANGES_LISTED = 50_000  # past this many changed ids unread, "anything may have changed" is cheaper to keep
+
+
+JobWatcher = Callable[[str, bytes | None, JobState | None], None]  # (job id, stored bytes, state): a record cache
 
 
 class ViewNotReady(Retry):
@@ -224,19 +225,7 @@ class Store:
         self._alloc_records = client.register_script(ALLOC_RECORDS_LUA)
         self._record_view = client.register_script(RECORD_VIEW_LUA)
         self._view_clock = 0  # the furthest the view's clock was seen at (VIEW_CLOCK_LUA)
-        # The last record this store read or wrote for each active job: the job's writer (the queue) decides on
-        # it and the CAS checks it is still current, so an update is one round trip unless another replica
-        # wrote in between. Terminal jobs leave it, so it holds the active jobs at most. `_jobs_decoded` caches
-        # the decoded form for `remembered_jobs` (read-only to callers).
-        self._jobs_seen: dict[str, bytes] = {}
-        self._jobs_decoded: dict[str, JobRecord] = {}
-        self._jobs_view: Mapping[str, JobRecord] = MappingProxyType(self._jobs_decoded)
-        self._jobs_undecoded: set[str] = set()  # seen, not yet in `_jobs_decoded` (decoded on the next ask)
-        self._jobs_pending: set[str] = set()  # seen as pending: a kicked cycle with none left has nothing to decide
-        # ids whose remembered record changed, came or went since `take_changed_jobs` (None: too many to list)
-        self._jobs_changed: set[str] | None = set()
-        self._jobs_writes = 0  # counts what `_seen` took in: a read that overlapped a write mustn't undo it
-        self._jobs_written_at: dict[str, int] = {}
+        self._job_watchers: list[JobWatcher] = []
 
     @classmethod
     def from_url(cls, url: str, names: Names) -> Store:
@@ -245,6 +234,15 @@ class Store:
 
     async def close(self) -> None:
         await self.r.aclose()
+
+    def watch_jobs(self, watcher: JobWatcher) -> None:
+        """Tell `watcher` of every job record this store writes or finds stored on a failed compare-and-set
+        (None: the job doesn't exist), as (id, bytes, state): a record cache (`shared.job_cache`) keeps them."""
+        self._job_watchers.append(watcher)
+
+    def _seen(self, job_id: str, data: bytes | None, state: JobState | None) -> None:
+        for watcher in self._job_watchers:
+            watcher(job_id, data, state)
 
     # -- inventory: nodes ------------------------------------------------------------------------------
     async def put_node(self, rec: NodeRecord, *, topology_changed: bool = True) -> None:
@@ -354,19 +352,18 @@ class Store:
         return stored, False
 
     async def update_job(
-        self, job_id: str, change: Callable[[JobRecord], JobRecord | None]
+        self, job_id: str, change: Callable[[JobRecord], JobRecord | None], *, known: bytes | None = None
     ) -> tuple[JobRecord | None, bool]:
-        """Read-modify-write one job atomically: `change` decides on the record last seen here and a CAS
-        script writes the result only if that record is still the stored one, else `change` runs again on
-        the stored one.
+        """Read-modify-write one job atomically: `change` decides on the stored record (first on `known`, the
+        bytes a cache kept, without a read) and a CAS script writes the result only if that record is still the
+        stored one, else `change` runs again on the stored one.
 
         `change` gets the current record and returns the new one, or None for "no change". Returns the
         record as stored afterwards and whether it changed; (None, False) when the job doesn't exist. A
-        "no change" or an exception decided on a remembered record is checked against the store first.
+        "no change" or an exception decided on `known` is checked against the store first.
         """
         key = self.names.job_key(job_id)
-        raw = self._jobs_seen.get(job_id)
-        remembered = raw is not None
+        raw, remembered = known, known is not None
         if raw is None:
             raw = await self.r.get(key)
         while True:
@@ -380,7 +377,7 @@ class Store:
             except Exception as e:
                 new, failed = None, e
             if new is None:
-                # decided on a remembered record that is no longer the stored one: decide again on that one
+                # decided on a kept record that is no longer the stored one: decide again on that one
                 if remembered and (fresh := await self.r.get(key)) != raw:
                     raw, remembered = fresh, False
                     continue
@@ -414,85 +411,6 @@ class Store:
             self._seen(job_id, None, None)
         return False, current
 
-    def _mark(self, job_id: str) -> None:
-        """Count a record taken in: a read begun before it mustn't undo it (`_remember`)."""
-        self._jobs_writes += 1
-        self._jobs_written_at[job_id] = self._jobs_writes
-
-    def _seen(self, job_id: str, data: bytes | None, state: JobState | None) -> None:
-        self._mark(job_id)
-        if data is None or state in TERMINAL:
-            if self._jobs_seen.pop(job_id, None) is not None:
-                self._changed(job_id)
-            self._jobs_decoded.pop(job_id, None)
-            self._jobs_undecoded.discard(job_id)
-            self._jobs_pending.discard(job_id)
-            return
-        if self._jobs_seen.get(job_id) != data:
-            self._jobs_seen[job_id] = data
-            self._jobs_decoded.pop(job_id, None)
-            self._jobs_undecoded.add(job_id)
-            self._changed(job_id)
-        # else the same bytes: the decoded record stays the same object (the queue's HeldState compares
-        # records by identity)
-        if state is JobState.PENDING:
-            self._jobs_pending.add(job_id)
-        else:
-            self._jobs_pending.discard(job_id)
-
-    def _changed(self, job_id: str) -> None:
-        changed = self._jobs_changed
-        if changed is not None:
-            changed.add(job_id)
-            if len(changed) > CHANGES_LISTED:
-                self._jobs_changed = None
-
-    def take_changed_jobs(self) -> set[str] | None:
-        """The ids of the jobs whose remembered record changed, came or went since the last call; None when
-        there were too many to list (anything may have changed). For one reader: the queue's `HeldState`."""
-        changed, self._jobs_changed = self._jobs_changed, set()
-        return changed
-
-    def remembered_job(self, job_id: str) -> JobRecord | None:
-        """The record this store last read or wrote for an active job, without a round trip: may be stale."""
-        raw = self._jobs_seen.get(job_id)
-        return JOB_RECORD.decode(raw) if raw is not None else None
-
-    def remembered_jobs(self) -> dict[str, JobRecord]:
-        """Every active job's record as this store last read or wrote it, without a round trip. Complete
-        after `remember_active_jobs()` as long as this store is the only writer; may be stale otherwise. The
-        records are shared and stay the same objects until they change: read them, don't change them."""
-        self._decode_remembered()
-        return dict(self._jobs_decoded)
-
-    def remembered_view(self) -> Mapping[str, JobRecord]:
-        """`remembered_jobs` without the copy: a read-only view, complete until this store's next read or write
-        (a changed record leaves it until decoded on the next ask). For a pass that doesn't await (the queue's
-        `HeldState.sync`); ask anew for the next."""
-        self._decode_remembered()
-        return self._jobs_view
-
-    def remembered_pending(self) -> dict[str, JobRecord]:
-        """The remembered records of pending jobs (a kicked cycle's candidates), without a pass over the rest."""
-        self._decode_remembered()
-        decoded = self._jobs_decoded
-        return {job_id: decoded[job_id] for job_id in self._jobs_pending}
-
-    def _decode_remembered(self) -> None:
-        decoded = self._jobs_decoded
-        if self._jobs_undecoded:
-            for job_id in self._jobs_undecoded:
-                decoded[job_id] = JOB_RECORD.decode(self._jobs_seen[job_id])
-            self._jobs_undecoded.clear()
-
-    def remembered_ids(self) -> set[str]:
-        """The ids `remembered_jobs` holds, without decoding any record."""
-        return set(self._jobs_seen)
-
-    def remembers_pending(self) -> bool:
-        """Whether a remembered job is pending: when none is, a kicked cycle has nothing to decide."""
-        return bool(self._jobs_pending)
-
     async def get_job(self, job_id: str) -> JobRecord | None:
         """The job's record; None when it doesn't exist. ViewNotReady when it is missing from a view that is
         being rebuilt (or from a Redis that came back empty): it may exist, nobody can tell yet."""
@@ -502,61 +420,26 @@ class Store:
             return None
         return JOB_RECORD.decode(raw)
 
-    async def get_jobs(self, ids: Iterable[str], *, remember: bool = False) -> list[JobRecord]:
-        """The records of the ids that exist; `remember` also keeps them for `remembered_jobs` (except where
-        this store read or wrote the job again while the read was on its way: that is newer)."""
-        ids = list(ids)
-        if not ids:
-            return []
-        since = self._jobs_writes
-        raws = await self.r.mget([self.names.job_key(i) for i in ids])
-        out = []
-        for job_id, raw in zip(ids, raws, strict=True):
-            rec = JOB_RECORD.decode(raw) if raw else None
-            if rec is not None:
-                out.append(rec)
-            if remember:
-                self._remember(job_id, raw, since, rec)
-        return out
+    async def get_jobs(self, ids: Iterable[str]) -> list[JobRecord]:
+        """The records of the ids that exist."""
+        return [JOB_RECORD.decode(raw) for raw in await self.job_bytes(ids) if raw is not None]
 
-    def _remember(self, job_id: str, raw: bytes | None, since: int, rec: JobRecord | None = None) -> None:
-        """Take in what a read begun at write count `since` found for a job (None: it doesn't exist), unless this
-        store read or wrote the job again meanwhile (that is newer). A record with the bytes already seen isn't
-        decoded again: it stays the same object."""
-        if self._jobs_written_at.get(job_id, 0) > since:
-            return
-        if raw is not None and self._jobs_seen.get(job_id) == raw:
-            self._mark(job_id)
-            return
-        if rec is None and raw is not None:
-            rec = JOB_RECORD.decode(raw)
-        self._seen(job_id, raw, rec.state if rec is not None else None)
+    async def job_bytes(self, ids: Iterable[str]) -> list[bytes | None]:
+        """The stored records of `ids` as bytes, in order (None: no such job); one MGET."""
+        ids = list(ids)
+        return await self.r.mget([self.names.job_key(i) for i in ids]) if ids else []
 
     async def undecided_job_ids(self) -> set[str]:
         """Pending jobs waiting for a decision (none has an order in flight): one SMEMBERS."""
         return {m.decode() for m in await self.r.smembers(self.names.undecided_jobs_key)}
 
+    async def active_job_ids(self) -> list[str]:
+        """The ids of every job not yet terminal, in id order."""
+        return sorted(m.decode() for m in await self.r.smembers(self.names.active_jobs_key))
+
     async def active_jobs(self) -> list[JobRecord]:
         """Every job not yet terminal."""
-        ids = sorted(m.decode() for m in await self.r.smembers(self.names.active_jobs_key))
-        return await self.get_jobs(ids)
-
-    async def remember_active_jobs(self) -> None:
-        """Make `remembered_jobs` exactly the active jobs (a full read), without handing the records out: only
-        those that changed since they were last seen are decoded (the queue's timer reads every active job each
-        period; most haven't changed)."""
-        since = self._jobs_writes
-        ids = [m.decode() for m in await self.r.smembers(self.names.active_jobs_key)]
-        raws = await self.r.mget([self.names.job_key(i) for i in ids]) if ids else []
-        present: set[str] = set()
-        for job_id, raw in zip(ids, raws, strict=True):
-            if raw is not None:
-                present.add(job_id)
-                self._remember(job_id, raw, since)
-        for gone in set(self._jobs_seen) - present:  # ended (or deleted) since last seen
-            self._remember(gone, None, since)
-        # marks older than this read guard nothing any more: keep the table to the writes since
-        self._jobs_written_at = {j: n for j, n in self._jobs_written_at.items() if n > since}
+        return await self.get_jobs(await self.active_job_ids())
 
     async def list_jobs(
         self, *, tenant: str | None = None, state: JobState | None = None, offset: int = 0, limit: int = 50
@@ -647,15 +530,6 @@ class Store:
 
     def _saw_clock(self, clock: int) -> None:
         self._view_clock = max(self._view_clock, clock)
-
-    def forget_jobs(self) -> None:
-        """Drop every remembered record (the view was rebuilt: they may not be the stored ones)."""
-        self._jobs_seen.clear()
-        self._jobs_decoded.clear()
-        self._jobs_undecoded.clear()
-        self._jobs_pending.clear()
-        self._jobs_changed = None
-        self._jobs_written_at.clear()
 
     async def close_view(self) -> None:
         """Refuse every commit, release and job write until `open_view` (the rebuild writes meanwhile)."""

@@ -561,7 +561,7 @@ class Recorder:
         await asyncio.gather(*(final(j) for j in self.accepted))
         end = time.time()
         job_events = [
-            Logged(m.metadata.sequence.stream, m.metadata.timestamp.timestamp(), ev)
+            Logged(m.seq, m.at, ev)
             for m in await streams.read_stream(nc, names, names.job_events_all)
             if isinstance(ev := EVENTS.decode(m.data), JobEvent)
         ]

@@ -3,41 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import nats
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from shared.joblog import LogEntry, read_log
 from shared.names import Names
 
 T = TypeVar("T")
 
 
-async def read_stream(nc: NatsClient, names: Names, subject: str, *, timeout: float = 1.0) -> list[Msg]:
-    """Every message the stream holds on `subject` now, in stream order (an ephemeral consumer reads it)."""
-    # no acks: an explicit-ack consumer stops delivering after max_ack_pending unacked messages
-    config = ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL)
-    sub = await nc.jetstream().pull_subscribe(subject, stream=names.stream_for(subject), config=config)
-    out: list[Msg] = []
-    try:
-        while True:
-            try:
-                msgs = await sub.fetch(512, timeout=timeout)
-            except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either, depending on the step
-                break
-            out += msgs
-            if not msgs or msgs[-1].metadata.num_pending == 0:
-                break
-    finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-    out.sort(key=lambda m: m.metadata.sequence.stream)
-    return out
+async def read_stream(nc: NatsClient, names: Names, subject: str) -> list[LogEntry]:
+    """Every message the stream holds on `subject` now, in stream order (as a rebuild of the view reads it)."""
+    return [e async for e in read_log(nc.jetstream(), names.stream_for(subject), subject)]
 
 
 async def wait_until(probe: Callable[[], Awaitable[T | None]], what: str, timeout: float, *, poll_s: float = 0.05) -> T:

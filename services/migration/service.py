@@ -55,6 +55,7 @@ from shared.core.migration import MigrationBudget, Movable, Move, plan_defrag, p
 from shared.core.rebalance import HeatSums, offsets_from_sums, plan_rebalance
 from shared.core.topology import GpuState, NodeState
 from shared.held import occupy, occupy_held, reserved_domains
+from shared.job_cache import JobCache
 from shared.jobs import record_spec
 from shared.liveness import Hearing, observe, overdue
 from shared.metrics import MigrationMetrics
@@ -95,6 +96,7 @@ class MigrationService(Service):
         self.policy = get_policy(s.policy)
         self.policy.pin_aware = s.pin_aware  # as the queue's cycle places: moved jobs go where it would put them
         self.topology = TopologyView(deps.store)
+        self.jobs = JobCache(deps.store)  # active job records, decoded only where they changed since the last round
         self.records: dict[str, MigrationRecord] = {}  # every move this service knows, by id
         self.kick = asyncio.Event()
         self.instance = uuid.uuid4().hex[:12]
@@ -298,9 +300,8 @@ class MigrationService(Service):
         rebalance = offsets is not None
         if not (self.active() or evac or defrag or rebalance):
             return
-        # decoded only where a record changed since the last round (the store remembers them; read-only here)
-        await self.store.remember_active_jobs()
-        jobs = self.store.remembered_jobs()
+        await self.jobs.read_active()
+        jobs = self.jobs.records()  # read-only here
         await self.reconcile(jobs, now)
         if known is None:
             return

@@ -20,7 +20,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -32,6 +32,7 @@ from shared import lifecycle
 from shared.bus import Outgoing, Retry
 from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
 from shared.held import HeldState, occupy, reserved_domains
+from shared.job_cache import CHANGES_LISTED, JobCache
 from shared.jobs import record_spec
 from shared.liveness import Hearing, observe, overdue
 from shared.runtime import Deps, Service
@@ -58,7 +59,7 @@ from shared.schemas import (
     ReleaseOrder,
     Reservations,
 )
-from shared.store import CHANGES_LISTED, ViewMark
+from shared.store import ViewMark
 from shared.tenants import tenants_from_settings
 from shared.topology_view import TopologyView
 
@@ -79,6 +80,15 @@ def _trace(rec: JobRecord) -> dict[str, str] | None:
 def _job(msg: Any) -> str:
     """Ordering key of the queue's messages (node events, which have no job, share one lane)."""
     return str(getattr(msg, "job_id", ""))
+
+
+@contextlib.contextmanager
+def _redelivered_if_early() -> Iterator[None]:
+    """An input that came before one it depends on (`lifecycle.NotYet`) is redelivered later (`Retry`)."""
+    try:
+        yield
+    except lifecycle.NotYet as e:
+        raise Retry(str(e)) from e
 
 
 class QueueService(Service):
@@ -111,6 +121,7 @@ class QueueService(Service):
         self.instance = uuid.uuid4().hex[:12]
         self.cycles = 0
         self._topo = TopologyView(deps.store)
+        self.jobs = JobCache(deps.store)  # the records this replica last read or wrote: decided on without a read
         self.held = HeldView()  # allocations as placement's events tell them (full reads on the timer)
         self._held_state = HeldState()  # the cycle's state of held GPUs, kept between cycles
         self._unsynced: set[str] | None = None  # jobs changed since its last sync (None: any; the first is full)
@@ -160,10 +171,8 @@ class QueueService(Service):
     ) -> tuple[JobRecord | None, bool]:
         """`Store.update_job` with a transition of `shared.lifecycle`, keeping the record of a job this replica
         ended until its GPUs are released. An input that came before one it depends on is redelivered later."""
-        try:
-            rec, changed = await self.store.update_job(job_id, change)
-        except lifecycle.NotYet as e:
-            raise Retry(str(e)) from e
+        with _redelivered_if_early():
+            rec, changed = await self.jobs.update(job_id, change)
         if changed and rec is not None and rec.state in TERMINAL:
             self._ended[rec.id] = rec
         return rec, changed
@@ -210,7 +219,7 @@ class QueueService(Service):
 
     async def on_submit(self, msg: JobSubmitted, headers: Mapping[str, str]) -> None:
         rec = lifecycle.submitted(msg, self.now(), headers.get("traceparent", ""))
-        stored, _ = await self.store.create_job(rec)  # a redelivery finds the job stored: nothing changes
+        stored, _ = await self.jobs.create(rec)  # a redelivery finds the job stored: nothing changes
         # The event goes out also on redelivery (it may not have gone out). Its PUB is on the wire before the
         # kicked cycle runs, so it precedes every later event of the job; the cycle needn't wait for its ack.
         emitted = asyncio.create_task(self.emit(stored, headers))
@@ -306,10 +315,8 @@ class QueueService(Service):
         if ev.lost and ev.exit_code != 0:
             rec = await self.store.get_job(ev.job_id)
             if rec is not None:
-                try:
+                with _redelivered_if_early():
                     lifecycle.commit_seen(rec, ev.attempt)
-                except lifecycle.NotYet as e:
-                    raise Retry(str(e)) from e
                 await self._lose(ev.job_id, ev.attempt, ev.node, lifecycle.lost_reason(ev))
             return
         now = self.now()
@@ -421,7 +428,7 @@ class QueueService(Service):
 
     def _forget_views(self) -> None:
         """After a rebuild, what this process kept of the old view is no guide: read everything afresh."""
-        self.store.forget_jobs()
+        self.jobs.forget()
         self.held = HeldView()
         self._held_state = HeldState()
         self._unsynced = None
@@ -465,7 +472,7 @@ class QueueService(Service):
     async def run_cycle(self, *, full: bool = True) -> None:
         """One scheduling cycle. The timer's cycles (`full`) read every active job and allocation, so an order
         in flight past its timeout is taken back within a period and the views below are put right. A kicked
-        cycle decides on what this replica keeps: the job records it wrote or read (`Store.remembered_jobs`)
+        cycle decides on what this replica keeps: the job records it wrote or read (`JobCache`)
         and the allocations placement's events told it (`HeldView`); only after a kick from another replica
         (`wake`) does it also ask for the ids of the undecided jobs (one SMEMBERS). A stale view costs a
         rejected order at worst: the commit script checks every GPU."""
@@ -475,15 +482,15 @@ class QueueService(Service):
         if full or not self.held.complete:
             self._foreign = False  # the full read below covers every replica's writes
             since = self.held.mark()
-            await self.store.remember_active_jobs()  # the remembered records are exactly the active jobs now
+            await self.jobs.read_active()  # the kept records are exactly the active jobs now
             self.held.replace(await self.store.allocations(), since)
             holding = self.held.by_job()
             self._ended = {j: r for j, r in self._ended.items() if j in holding}
         else:
             foreign, self._foreign = self._foreign, False
-            if foreign and (unknown := await self.store.undecided_job_ids() - self.store.remembered_ids()):
-                await self.store.get_jobs(unknown, remember=True)  # another replica's
-        if not self.store.remembers_pending():
+            if foreign and (unknown := await self.store.undecided_job_ids() - self.jobs.ids()):
+                await self.jobs.read(unknown)  # another replica's
+        if not self.jobs.has_pending():
             return  # most kicks (exits, releases, heartbeats' changes) leave nothing to decide: skip the reads
         self._note_changes()
         known = await self._topology()
@@ -496,10 +503,10 @@ class QueueService(Service):
         # job doesn't change (`HeldState` compares by identity); nothing awaits until the sync is done with it.
         allocations = self.held.by_job()
         state = self._held_state.sync(
-            self._topo.base_state(), allocations, self.store.remembered_view(), now, self._ended, self._unsynced
+            self._topo.base_state(), allocations, self.jobs.view(), now, self._ended, self._unsynced
         )
         self._unsynced = set()
-        jobs = self.store.remembered_pending()  # the candidates, kept as they are now: the decisions below await
+        jobs = self.jobs.pending()  # the candidates, kept as they are now: the decisions below await
         held = {job_id for job_id in jobs if job_id in allocations}  # as synced (`allocations` is live)
         pending: list[JobSpec] = []
         for rec in jobs.values():
@@ -537,7 +544,7 @@ class QueueService(Service):
     def _note_changes(self) -> None:
         """Collect the ids of the jobs whose record or allocation changed since the last look (None: too many to
         list), for the next `HeldState.sync`: a cycle that returns before it loses none."""
-        changed, dirty = self.store.take_changed_jobs(), self.held.take_dirty()
+        changed, dirty = self.jobs.take_changed(), self.held.take_dirty()
         if self._unsynced is None or changed is None or len(self._unsynced) > CHANGES_LISTED:
             self._unsynced = None
         else:

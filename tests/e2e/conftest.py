@@ -22,9 +22,9 @@ import msgspec
 import nats
 import pytest_asyncio
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 
 from services.stack import Stack, StackOptions
+from shared.joblog import LogEntry
 from shared.names import Names
 from shared.schemas import EVENTS, JobEvent, JobState, NodeGpus
 from shared.settings import Settings
@@ -200,7 +200,7 @@ class E2E:
         await wait_until(probe, f"{count} nodes up")
 
     # -- the bus -----------------------------------------------------------------------------------------
-    async def stream(self, subject: str) -> list[Msg]:
+    async def stream(self, subject: str) -> list[LogEntry]:
         """Every message the stream holds on `subject` now, in stream order."""
         return await streams.read_stream(self.nc, self.names, subject)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Any
 
 import pytest
@@ -19,11 +20,13 @@ import pytest
 from shared.redis_client import redis_client as make_redis_client
 from shared.schemas import Fault
 from tests.e2e.conftest import E2E, TERMINAL, StackFactory, double_bookings, wait_until
+from tests.faults.harness import snapshot, swap_in
 from tests.integration.conftest import delete_redis_namespace
 
 pytestmark = pytest.mark.asyncio
 
 JOBS = 40
+STALE_S = 10.0  # how old the copy is when it takes Redis's place (a replica that fell this far behind)
 
 
 def burst(seed: int) -> list[dict[str, Any]]:
@@ -128,7 +131,7 @@ async def test_drains_and_fatal_faults_outlive_an_empty_redis(open_stack: StackF
 
 
 async def test_a_stale_copy_of_redis_is_caught_up_from_the_log(open_stack: StackFactory, redis_url: str) -> None:
-    """Redis replaced by a copy taken seconds before (a replica promoted before it caught up): the first
+    """Redis replaced by a copy taken 10 s before (a replica promoted before it caught up): the first
     commit or job write finds the view's clock behind what it saw, the view is marked behind, and the queue
     replays the log from the copy's position. Jobs that ended after the copy was taken end again (not run
     again), and no GPU is handed out twice on the stale allocations."""
@@ -148,7 +151,8 @@ async def test_a_stale_copy_of_redis_is_caught_up_from_the_log(open_stack: Stack
             return int(await client.hget(e2e.names.view_key, "events_seq") or 0) > 0
 
         await wait_until(position_recorded, "the view's position recorded (the catch-up starts there)")
-        copy = {k: await client.dump(k) async for k in client.scan_iter(match=f"{e2e.names.prefix}*", count=500)}
+        copy = await snapshot(client, e2e.names.key_pattern)
+        taken = time.monotonic()
         rest = await e2e.submit_all(bodies[JOBS // 2 :])
 
         async def moved_on() -> bool:
@@ -156,26 +160,28 @@ async def test_a_stale_copy_of_redis_is_caught_up_from_the_log(open_stack: Stack
             return sum(j["state"] in TERMINAL for i, j in jobs.items() if i in first) >= JOBS // 4
 
         await wait_until(moved_on, "jobs ended after the copy was taken")
+        await asyncio.sleep(max(0.0, STALE_S - (time.monotonic() - taken)))
         ended = {i: j for i, j in (await e2e.all_jobs()).items() if j["state"] in TERMINAL}
         # the copy takes the place of what the system wrote since, at once (as a failover does)
-        now = [k async for k in client.scan_iter(match=f"{e2e.names.prefix}*", count=500)]
-        async with client.pipeline(transaction=True) as swap:
-            swap.delete(*now)
-            for key, data in copy.items():
-                if data is not None:
-                    swap.restore(key, 0, data, replace=True)
-            await swap.execute()
+        await swap_in(client, e2e.names.key_pattern, copy)
     finally:
         await client.aclose()
+
+    left: dict[str, Any] = {}  # what hasn't ended, for the message if it never does
 
     async def every_job_ended() -> dict[str, dict[str, Any]] | None:
         async with e2e.http.get(f"{e2e.url}/v1/jobs", params={"limit": 500}) as r:
             if r.status != 200:
                 return None
             jobs = {j["id"]: j for j in (await r.json())["jobs"]}
-        return jobs if len(jobs) == JOBS and all(j["state"] in TERMINAL for j in jobs.values()) else None
+        left.clear()
+        left.update({i: (j["state"], j["attempt"], j["reason"]) for i, j in jobs.items() if j["state"] not in TERMINAL})
+        return jobs if len(jobs) == JOBS and not left else None
 
-    done = await wait_until(every_job_ended, "every job ended after the stale copy")
+    try:
+        done = await wait_until(every_job_ended, "every job ended after the stale copy")
+    except AssertionError as e:
+        raise AssertionError(f"{e}; not ended: {left}") from None
     assert set(done) == set(first) | set(rest)
     for job, was in ended.items():
         assert (done[job]["state"], done[job]["attempt"]) == (was["state"], was["attempt"]), (job, was, done[job])

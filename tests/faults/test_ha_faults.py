@@ -75,8 +75,7 @@ async def _explain(e2e: E2E, rec: Recorder, burst: Burst, jobs: dict[str, dict[s
         for m in starts:
             cmd = AGENT_COMMANDS.decode(m.data)
             if getattr(cmd, "job_id", "") == job:
-                stamp = m.metadata.timestamp if m.metadata else None
-                print(f"  command {type(cmd).__name__} attempt {cmd.attempt} on {cmd.node} stored {stamp}")
+                print(f"  command {type(cmd).__name__} attempt {cmd.attempt} on {cmd.node} stored {_t(m.at)}")
         for r in history.rank_events:
             if r.job_id == job:
                 print(f"  {type(r).__name__} attempt {r.attempt} rank {r.rank} on {r.node} at {_t(r.at)}", end="")

@@ -26,7 +26,7 @@ from shared.redis_client import redis_client as make_redis_client
 from shared.runtime import Deps
 from shared.schemas import NodeRecord
 from shared.settings import Settings
-from shared.store import ViewMark
+from shared.store import Store, ViewMark
 
 _JS_API = "$JS.API"
 
@@ -98,6 +98,14 @@ async def service_deps(
     finally:
         await deps.store.r.delete(*[k async for k in deps.store.r.scan_iter(names.key_pattern)])
         await deps.close()
+
+
+async def open_store(redis_url: str, namespace: str) -> Store:
+    """A store under `namespace` with its view open and one node, d00-n00 (the caller closes it)."""
+    store = Store.from_url(redis_url, Names(prefix=namespace))
+    await store.open_view(ViewMark(), time.time())
+    await store.put_node(NodeRecord(name="d00-n00", domain="d00"))
+    return store
 
 
 async def delete_redis_namespace(url: str, namespace: str) -> int:

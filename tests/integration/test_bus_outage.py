@@ -95,7 +95,7 @@ class Outage:
     async def node_events(self) -> list[NodeChanged]:
         nc = await nats.connect(self.server.url, connect_timeout=5, max_reconnect_attempts=0)
         try:
-            msgs = await streams.read_stream(nc, self.names, self.names.node_events, timeout=0.5)
+            msgs = await streams.read_stream(nc, self.names, self.names.node_events)
         finally:
             await nc.close()
         return [e for e in (EVENTS.decode(m.data) for m in msgs) if isinstance(e, NodeChanged)]

@@ -166,7 +166,7 @@ async def wait_until(probe: Callable[[], Awaitable[T | None]], what: str, timeou
 
 async def stream_messages(h: Harness, subject: str, decoder: msgspec.msgpack.Decoder[T]) -> list[T]:
     """Everything the stream holds on `subject` now, in order."""
-    return [decoder.decode(m.data) for m in await streams.read_stream(h.nc, h.names, subject, timeout=0.5)]
+    return [decoder.decode(m.data) for m in await streams.read_stream(h.nc, h.names, subject)]
 
 
 async def wait_for_messages(

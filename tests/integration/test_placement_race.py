@@ -85,7 +85,7 @@ class Replicas:
 
     async def answers(self) -> list[Any]:
         """Every placement event so far, in stream order."""
-        msgs = await streams.read_stream(self.nc, self.names, self.names.placement_events, timeout=0.5)
+        msgs = await streams.read_stream(self.nc, self.names, self.names.placement_events)
         return [EVENTS.decode(m.data) for m in msgs]
 
     async def wait_answers(self, jobs: set[str], kinds: tuple[type, ...], what: str) -> list[Any]:

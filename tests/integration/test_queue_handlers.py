@@ -174,7 +174,7 @@ async def test_a_job_another_replica_took_in_reaches_the_leaders_kicked_cycle(
         await other.store.create_job(_job(state=JobState.PENDING))
 
         await leader.run_cycle(full=False)
-        assert "j" not in leader.store.remembered_jobs()  # not asked: no kick from the other replica yet
+        assert "j" not in leader.jobs.records()  # not asked: no kick from the other replica yet
 
         other.wake()  # what its intake does after storing the job
         await leader.bus.nc.flush()
@@ -184,7 +184,7 @@ async def test_a_job_another_replica_took_in_reaches_the_leaders_kicked_cycle(
             await asyncio.sleep(0.01)
         assert leader._foreign, "the other replica's kick did not reach the leader"
         await leader.run_cycle(full=False)
-        assert "j" in leader.store.remembered_jobs()
+        assert "j" in leader.jobs.records()
     finally:
         await deps.close()
 
