@@ -81,8 +81,9 @@ from shared.schemas import EVENTS, JobState, NodeChanged
 from shared.settings import Settings
 from tests.e2e.conftest import E2E
 from tests.faults.burst import Burst, mixed_burst
-from tests.faults.harness import free_port, jobs_at_end, settled, snapshot, swap_in
+from tests.faults.harness import free_port, jobs_at_end, settled
 from tests.history import ALL_NODES, NO_ANSWER, History, Recorder, check, summary
+from tests.servers import snapshot, swap_in
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES_PER_DOMAIN = 18

@@ -175,9 +175,13 @@ for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'record') or '' e
 return out
 """
 
-# KEYS: view; ARGV: jobs_seq, events_seq. A ready view's position moves forward only.
-RECORD_VIEW_LUA = """
-if redis.call('HGET', KEYS[1], 'state') ~= 'ready' then return 0 end
+# KEYS: view; ARGV: jobs_seq, events_seq, the view clock the caller saw last. A ready view's position moves
+# forward only, and only on a view not behind the caller (a stale copy swapped in since the caller read the
+# position's clock would otherwise claim writes it lacks).
+RECORD_VIEW_LUA = (
+    VIEW_CLOCK_LUA
+    + """
+if not view_clock(KEYS[1], ARGV[3]) then return 0 end
 for i, field in ipairs({'jobs_seq', 'events_seq'}) do
   if tonumber(ARGV[i]) > tonumber(redis.call('HGET', KEYS[1], field) or '0') then
     redis.call('HSET', KEYS[1], field, ARGV[i])
@@ -185,6 +189,7 @@ for i, field in ipairs({'jobs_seq', 'events_seq'}) do
 end
 return 1
 """
+)
 
 RESTORE_BATCH = 500  # records per pipeline when the view is rebuilt
 
@@ -545,9 +550,17 @@ class Store:
         fields |= {"state": "ready", "jobs_seq": mark.jobs_seq, "events_seq": mark.events_seq}
         await self.r.hset(key, mapping=fields)
 
-    async def record_view(self, mark: ViewMark) -> None:
-        """Move a ready view's position forward (never back; nothing while it is rebuilt or missing)."""
-        await self._record_view(keys=[self.names.view_key], args=[mark.jobs_seq, mark.events_seq])
+    async def see_view_clock(self) -> None:
+        """Take in the view's clock as it is now: a write or record after this finds a copy older than now
+        behind. Read after the log positions a `record_view` will record: every write those cover is then at or
+        below it."""
+        self._saw_clock(int(await self.r.hget(self.names.view_key, "clock") or 0))
+
+    async def record_view(self, mark: ViewMark) -> bool:
+        """Move a ready view's position forward (never back; nothing while it is rebuilt or missing). A view
+        behind the clock this store saw (a stale copy swapped in) is marked behind instead; False then."""
+        args = [mark.jobs_seq, mark.events_seq, self._view_clock]
+        return bool(await self._record_view(keys=[self.names.view_key], args=args))
 
     async def restore_jobs(self, records: Sequence[JobRecord]) -> None:
         """Write job records rebuilt from the log, with their indexes (the view is closed: nobody else writes)."""

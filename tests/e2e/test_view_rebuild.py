@@ -20,8 +20,8 @@ import pytest
 from shared.redis_client import redis_client as make_redis_client
 from shared.schemas import Fault
 from tests.e2e.conftest import E2E, TERMINAL, StackFactory, double_bookings, wait_until
-from tests.faults.harness import snapshot, swap_in
 from tests.integration.conftest import delete_redis_namespace
+from tests.servers import snapshot, swap_in
 
 pytestmark = pytest.mark.asyncio
 

@@ -1,5 +1,5 @@
 """What the fault tests share beyond the burst: waiting for a restarted process, for the system to settle,
-a stale copy of Redis, and asserting a history sound."""
+and asserting a history sound."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import redis.asyncio as aioredis
 
 from shared.schemas import AGENT_COMMANDS, JobState, RankExited, RankStarted, StartRank
 from tests.e2e.conftest import E2E, TERMINAL, wait_until
@@ -20,42 +19,6 @@ from tests.faults.burst import Burst, mixed_burst
 from tests.history import History, Logged, Recorder, check, summary
 
 JOBS = 100  # the burst of every fault test, on 2 NVLink domains of 18 four-GPU nodes
-
-
-# Every key under a pattern DUMPed in one script: a point-in-time copy, as a replica holds one. (A DUMP per key,
-# or a MULTI of the keys a SCAN found, misses what is written in between: a view whose recorded position
-# covers writes its copied records lack, which no replica ever holds.)
-_SNAPSHOT_LUA = """
-local out = {}
-for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
-  out[#out + 1] = k
-  out[#out + 1] = redis.call('DUMP', k)
-end
-return out
-"""
-
-
-async def snapshot(client: aioredis.Redis, pattern: str) -> dict[bytes, bytes]:
-    """The keys matching `pattern` as they are at one instant (KEYS in a script: fine on a test's server)."""
-    flat = await client.eval(_SNAPSHOT_LUA, 0, pattern)
-    return {bytes(k if isinstance(k, bytes) else k.encode()): v for k, v in zip(flat[::2], flat[1::2], strict=True)}
-
-
-_SWAP_LUA = """
-for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
-  redis.call('DEL', k)
-end
-for i = 1, #KEYS do
-  redis.call('RESTORE', KEYS[i], 0, ARGV[i + 1], 'REPLACE')
-end
-return #KEYS
-"""
-
-
-async def swap_in(client: aioredis.Redis, pattern: str, copy: dict[bytes, bytes]) -> None:
-    """The copy takes the place of every key under `pattern` at one instant, as a failover does."""
-    keys = list(copy)
-    await client.eval(_SWAP_LUA, len(keys), *keys, pattern, *(copy[k] for k in keys))
 
 
 def free_port() -> int:

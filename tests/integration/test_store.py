@@ -6,7 +6,9 @@ import msgspec
 import pytest
 
 from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, NodeRecord
+from shared.store import ViewMark
 from tests.integration.conftest import open_store
+from tests.servers import snapshot, swap_in
 
 pytestmark = pytest.mark.asyncio
 
@@ -106,6 +108,29 @@ async def test_the_undecided_set_follows_each_job_write(redis_url: str, namespac
         await store.update_job("b", lambda r: msgspec.structs.replace(r, state=JobState.CANCELLED))
         assert not await store.undecided_job_ids()
         assert {m.decode() for m in await store.r.smembers(n.active_jobs_key)} == {"a"}
+    finally:
+        await store.r.delete(*[k async for k in store.r.scan_iter(store.names.key_pattern)])
+        await store.close()
+
+
+async def test_a_position_is_never_recorded_onto_a_stale_copy(redis_url: str, namespace: str) -> None:
+    """The queue reads its consumers' positions, then the view's clock; a copy taken before the writes those
+    positions count (a replica behind, promoted) is swapped in before the position is recorded: the record is
+    refused and the view marked behind, so the next cycle catches it up from the copy's own position (it
+    once recorded the live position onto the copy, and the copy's missing writes were never made again)."""
+    store = await open_store(redis_url, namespace)
+    spec = JobBody(name="j", tenant="t", gpus=4)
+    try:
+        await store.create_job(JobRecord(id="early", spec=spec))
+        assert await store.record_view(ViewMark(1, 1))
+        copy = await snapshot(store.r, store.names.key_pattern)
+        await store.create_job(JobRecord(id="late", spec=spec))  # the write the position 2 counts
+        await store.see_view_clock()
+        assert await store.record_view(ViewMark(2, 2))  # on the live view: recorded
+        await swap_in(store.r, store.names.key_pattern, copy)
+        await store.see_view_clock()  # the copy's clock is older than the one seen: nothing newer is taken in
+        assert not await store.record_view(ViewMark(3, 3))
+        assert await store.view_status() == ("behind", ViewMark(1, 1))
     finally:
         await store.r.delete(*[k async for k in store.r.scan_iter(store.names.key_pattern)])
         await store.close()
