@@ -90,7 +90,13 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
         "agent": [(stream(n.agent_cmd_all), "*")],
     }
     publish: dict[str, list[str]] = {
-        "gateway": [n.job_submit, n.job_cancel, n.node_admin],
+        "gateway": [
+            n.job_submit,
+            n.job_cancel,
+            n.node_admin,
+            # a job without a record is "not yet" while the queue's submit consumer has submits to handle
+            f"{JS_API}.CONSUMER.INFO.{stream(n.job_submit)}.{n.consumer('queue', 'submit')}",
+        ],
         # a node's last verdict is read back from the log (`get_last_msg`) when Redis lost its record
         # it speaks for an agent whose ranks are gone (their lost exits) and stops ranks whose attempt is over
         "inventory": [

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 import nats.errors
+import nats.js.errors
 import redis.exceptions
 from aiohttp import web
 from nats.aio.msg import Msg
@@ -46,6 +47,11 @@ from shared.store import ViewNotReady
 from shared.topology_view import TopologyView
 
 log = logging.getLogger("rackscale.gateway")
+
+
+class NotRecordedYet(Exception):
+    """A job without a record while submits wait for the queue: it may be one of them (503, not 404)."""
+
 
 # Idempotency-Key → job id: uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}/{key}"). Never change it: retries
 # across a deploy must keep naming the same job.
@@ -196,12 +202,32 @@ class Gateway:
         return json_response(view, 200, headers={"Location": f"/v1/jobs/{rec.id}"})
 
     async def _visible_job(self, request: web.Request) -> tuple[str, JobRecord | None]:
-        """The job named in the path, or None when it doesn't exist or belongs to a tenant the caller can't see."""
+        """The job named in the path, or None when it doesn't exist or belongs to a tenant the caller can't see.
+        NotRecordedYet when it has no record while the queue has submits still to handle (it may be one)."""
         job_id = request.match_info["id"]
-        rec = await self.deps.store.get_job(job_id)
+        rec = await self._job(job_id)
         if rec is not None and not auth.principal(request).may_see(rec.spec.tenant):
             rec = None  # 404, not 403: another tenant's ids don't leak
         return job_id, rec
+
+    async def _job(self, job_id: str) -> JobRecord | None:
+        """The job's record. A 202 comes before the queue writes it (tens of milliseconds; longer while the
+        queue is down), so a miss is only "no such job" once the queue has handled every submit stored: the
+        record is read again after asking (a handler writes before it acks, so one acked by then is there)."""
+        store = self.deps.store
+        rec = await store.get_job(job_id)
+        if rec is not None:
+            return rec
+        n = self.deps.names
+        try:
+            info = await self.deps.bus.js.consumer_info(n.stream_for(n.job_submit), n.consumer("queue", "submit"))
+            handled = info.num_pending == 0 and info.num_ack_pending == 0
+        except nats.js.errors.NotFoundError:
+            handled = True  # no queue ever ran: nothing is recorded until one does, and nothing can be told
+        rec = await store.get_job(job_id)
+        if rec is None and not handled:
+            raise NotRecordedYet(f"job {job_id} is not recorded yet (the queue has submits to handle); try again")
+        return rec
 
     async def get_job(self, request: web.Request) -> web.Response:
         job_id, rec = await self._visible_job(request)
@@ -241,7 +267,7 @@ class Gateway:
         return json_response(api.MigrationList(migrations=moves, total=total, **page))
 
     async def cancel(self, request: web.Request) -> web.Response:
-        # A job the queue hasn't recorded yet is unknown here: cancel after the submit is visible.
+        # A job the queue hasn't recorded yet answers 503 (NotRecordedYet): its cancel comes once it is.
         job_id, rec = await self._visible_job(request)
         if rec is None:
             return error_response(404, f"unknown job {job_id}")
@@ -418,6 +444,10 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         resp = error_response(e.status, e.reason)
         if "Allow" in e.headers:
             resp.headers["Allow"] = e.headers["Allow"]
+        return resp
+    except NotRecordedYet as e:
+        resp = error_response(503, str(e))
+        resp.headers["Retry-After"] = str(VIEW_RETRY_AFTER_S)
         return resp
     except ViewNotReady:
         # Redis came back empty or behind and the view is rebuilt from the log: a job it lacks may exist

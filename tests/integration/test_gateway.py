@@ -472,6 +472,32 @@ async def test_a_view_being_rebuilt_answers_503_never_404(gw: Gw) -> None:
     assert (await gw.client.get("/v1/jobs/unknown")).status == 404
 
 
+async def test_a_job_accepted_but_not_yet_recorded_answers_503_never_404(gw: Gw) -> None:
+    """A 202 comes before the queue writes the record: until the queue's submit consumer has handled every
+    submit, a job without a record may be one of them (503 with Retry-After); once it has, none is (404)."""
+    await gw.deps.store.put_node(_node("n1", "r1", gpus=8))
+    n = gw.names
+    queue = await gw.js.pull_subscribe(
+        n.job_submit, durable=n.consumer("queue", "submit"), stream=n.stream_for(n.job_submit)
+    )
+    try:
+        resp = await gw.client.post("/v1/jobs", json={"name": "x", "tenant": "a", "gpus": 4})
+        assert resp.status == 202
+        job = (await resp.json())["id"]
+        for method in ("GET", "DELETE"):
+            resp = await gw.client.request(method, f"/v1/jobs/{job}")
+            assert resp.status == 503 and resp.headers["Retry-After"] == "1", (method, resp.status)
+            assert "not recorded yet" in (await resp.json())["error"]
+        [msg] = await queue.fetch(1, timeout=2)  # the queue has it, not yet acked: still maybe
+        assert (await gw.client.get(f"/v1/jobs/{job}")).status == 503
+        await gw.deps.store.put_job(_record(job), new=True)  # its handler writes, then acks
+        await msg.ack_sync()
+        assert (await gw.client.get(f"/v1/jobs/{job}")).status == 200
+        assert (await gw.client.get("/v1/jobs/no-such-job")).status == 404  # every submit handled: unknown
+    finally:
+        await queue.unsubscribe()
+
+
 async def test_not_ready_without_nats(nats_url: str, redis_url: str, namespace: str) -> None:
     deps = await _deps(nats_url, redis_url, Names(prefix=namespace))
     try:
