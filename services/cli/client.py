@@ -9,16 +9,18 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 URL_ENV = "RACKSCALE_URL"
 TOKEN_ENV = "RACKSCALE_TOKEN"  # the caller's bearer token, when the gateway has RACKSCALE_TOKENS_FILE
 DEFAULT_URL = "http://127.0.0.1:8080"
+RETRY_WAIT_MAX_S = 5.0  # the longest Retry-After a read or cancel waits out before asking again
 UP_HINT = "start it with `rackscale up` (or `python -m services.cli up`), or point --url / RACKSCALE_URL at it"
 
 
@@ -79,6 +81,10 @@ class Client:
     base: str = DEFAULT_URL
     timeout_s: float = 10.0
     token: str | None = None
+    # a 503 with Retry-After (the view rebuilt from the log, a job not recorded yet) is asked again this many
+    # times for reads and cancels (both safe to repeat); a submit is not (its Idempotency-Key is the retry)
+    retries: int = 5
+    sleep: Callable[[float], None] = field(default=time.sleep, repr=False)
 
     def url(self, path: str, query: Mapping[str, object] | None = None) -> str:
         url = self.base.rstrip("/") + path
@@ -101,15 +107,21 @@ class Client:
         if data is not None:
             hdrs["Content-Type"] = "application/json"
         req = urllib.request.Request(self.url(path, query), data=data, method=method, headers=hdrs)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                status, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            raise api_error(e.code, e.read(), e.reason) from None
-        except urllib.error.URLError as e:
-            raise self._unreachable(e.reason) from None
-        except OSError as e:  # a timeout, or a reset while reading the answer
-            raise self._unreachable(e) from None
+        for attempt in range(self.retries + 1):
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                    status, raw = resp.status, resp.read()
+                break
+            except urllib.error.HTTPError as e:
+                wait = _retry_after(e) if method in ("GET", "DELETE") and attempt < self.retries else None
+                if wait is None:
+                    raise api_error(e.code, e.read(), e.reason) from None
+                e.close()
+                self.sleep(wait)
+            except urllib.error.URLError as e:
+                raise self._unreachable(e.reason) from None
+            except OSError as e:  # a timeout, or a reset while reading the answer
+                raise self._unreachable(e) from None
         try:
             return Response(status, json.loads(raw) if raw else None, raw)
         except ValueError:
@@ -134,6 +146,16 @@ class Client:
 
     def delete(self, path: str) -> Response:
         return self.request("DELETE", path)
+
+
+def _retry_after(e: urllib.error.HTTPError) -> float | None:
+    """How long a 503 asks to wait (seconds, at most RETRY_WAIT_MAX_S); None for any other answer."""
+    if e.code != 503:
+        return None
+    try:
+        return min(max(float(e.headers.get("Retry-After", "")), 0.0), RETRY_WAIT_MAX_S)
+    except ValueError:
+        return None  # absent, or an HTTP date: not ours
 
 
 def quote(segment: str) -> str:

@@ -276,16 +276,23 @@ def test_api_errors_name_the_field_once() -> None:
     assert "no details" in str(api_error(500, b""))
 
 
+Canned = tuple[int, bytes]
+
+
 class _Canned(BaseHTTPRequestHandler):
-    routes: ClassVar[dict[tuple[str, str], tuple[int, bytes]]] = {}
+    # a route's answer, or its answers in turn (the last one again once the others are given)
+    routes: ClassVar[dict[tuple[str, str], Canned | list[Canned]]] = {}
     seen: ClassVar[list[tuple[str, str, dict[str, str], bytes]]] = []
 
     def _answer(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         path = self.path.split("?")[0]
         self.seen.append((self.command, self.path, dict(self.headers), body))
-        status, payload = self.routes.get((self.command, path), (404, b'{"error": "not found", "field": null}'))
+        canned = self.routes.get((self.command, path), (404, b'{"error": "not found", "field": null}'))
+        status, payload = (canned.pop(0) if len(canned) > 1 else canned[0]) if isinstance(canned, list) else canned
         self.send_response(status)
+        if status == 503:
+            self.send_header("Retry-After", "1")
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -325,6 +332,24 @@ def test_an_api_error_is_printed_with_its_field_and_exits_1(api: tuple[str, type
     assert err == "error: field 'gpus': 2000 GPUs need 500 nodes (HTTP 422)"
     code, _, err = run_cli("job", "nope", "--url", url)
     assert code == 1 and err == "error: not found (HTTP 404)"
+
+
+def test_a_503_with_retry_after_is_asked_again_for_reads_and_cancels_only(api: tuple[str, type[_Canned]]) -> None:
+    url, handler = api
+    busy = (503, b'{"error": "job j is not recorded yet", "field": null}')
+    job = (200, b'{"id": "j"}')
+    handler.routes[("GET", "/v1/jobs/j")] = [busy, busy, job]
+    handler.routes[("POST", "/v1/jobs")] = [busy, (202, b'{"id": "k", "state": "pending"}')]
+    waits: list[float] = []
+    client = Client(url, sleep=waits.append)
+    assert client.get("/v1/jobs/j") == {"id": "j"} and waits == [1.0, 1.0]
+    with pytest.raises(ApiError) as e:  # a submit isn't repeated: its Idempotency-Key is the client's retry
+        client.post("/v1/jobs", {"name": "x"})
+    assert e.value.status == 503 and waits == [1.0, 1.0]
+    handler.routes[("DELETE", "/v1/jobs/j")] = [busy]  # never ready: given up after the retries, with the error
+    with pytest.raises(ApiError, match="not recorded yet"):
+        Client(url, retries=3, sleep=waits.append).delete("/v1/jobs/j")
+    assert waits == [1.0] * 5
 
 
 def test_connection_refused_hints_at_rackscale_up() -> None:
