@@ -84,6 +84,9 @@ class Request:
     status: int
     job_id: str = ""  # a submit's accepted job (202, or 200 for a resubmit); a job read's job
     state: str = ""  # a job read answered 200: the job's state
+    # a job read answered 503 "not recorded yet" (Retry-After): the queue had submits still to handle; the
+    # answer a client is told to retry, not a failure (no fault window needed for it)
+    not_yet: bool = False
 
     @property
     def accepted(self) -> bool:
@@ -420,7 +423,7 @@ def errors_outside_faults(history: History) -> list[str]:
     """(d): every 5xx, or request with no answer, that no fault window (plus its recovery) covers."""
     out = []
     for r in history.requests:
-        if r.status and r.status < 500:
+        if (r.status and r.status < 500) or r.not_yet:
             continue
         if any(r.end >= f.start and r.start <= f.end + f.recovery_s for f in history.faults):
             continue
@@ -508,16 +511,17 @@ class Recorder:
                     data = await r.json()
         except NO_ANSWER:
             pass
-        job_id, state = "", ""
+        job_id, state, not_yet = "", "", False
         if isinstance(data, dict):
             if method == "POST" and path == "/v1/jobs" and status in (200, 202):
                 job_id = str(data.get("id", ""))
             elif method == "GET" and path.startswith("/v1/jobs/"):
                 job_id = path.removeprefix("/v1/jobs/")
                 state = str(data.get("state", "")) if status == 200 else ""
+                not_yet = status == 503 and "not recorded yet" in str(data.get("error", ""))
         elif method == "GET" and path.startswith("/v1/jobs/"):
             job_id = path.removeprefix("/v1/jobs/")
-        self.requests.append(Request(start, time.time(), method, path, status, job_id, state))
+        self.requests.append(Request(start, time.time(), method, path, status, job_id, state, not_yet))
         return status, data
 
     async def submit(self, body: dict[str, Any], *, deadline_s: float = 90.0) -> str:

@@ -110,9 +110,10 @@ class E2E:
             return dict(data)
 
     async def maybe_job(self, job_id: str) -> dict[str, Any] | None:
-        """None while the queue hasn't recorded the submit yet (404)."""
+        """None while the job can't be read: the queue hasn't recorded the submit yet (503 while it has submits to
+        handle, 404 before it ever ran), or the gateway can't tell now (503)."""
         async with self.http.get(f"{self.url}/v1/jobs/{job_id}") as r:
-            if r.status == 404:
+            if r.status in (404, 503):
                 return None
             data = await r.json()
             assert r.status == 200, f"GET job {job_id} → {r.status} {data}"

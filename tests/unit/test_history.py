@@ -241,6 +241,11 @@ def test_5xx_inside_a_fault_window_or_its_recovery_pass_outside_fail() -> None:
     assert any("GET /v1/jobs → HTTP 500" in v for v in violations)
     without = Builder().job("j1", "n1", [0], 0).get("/v1/cluster", 3, 0)
     assert only(check(without.history()), "(d) GET /v1/cluster → no answer")
+    # "not recorded yet" (the queue had submits to handle) is an answer to retry, with no fault needed
+    told = Builder().job("j1", "n1", [0], 0)
+    told.requests.append(Request(T0 + 0.05, T0 + 0.06, "GET", "/v1/jobs/j1", 503, "j1", "", not_yet=True))
+    told.read("j1", 50)
+    assert check(told.history()) == []
 
 
 def test_the_log_check_takes_plain_events_and_flags_running_before_placed() -> None:
