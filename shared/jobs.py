@@ -1,13 +1,18 @@
-"""The one translation from an API job body (`schemas.JobBody`), or a job's record, to the core's `JobSpec`."""
+"""The one translation from an API job body (`schemas.JobBody`), or a job's record, to the core's `JobSpec`, and
+to how its processes start (`schemas.Launch`)."""
 
 from __future__ import annotations
 
 from shared.core.shape import JobSpec, Need
-from shared.schemas import JobBody, JobRecord
+from shared.schemas import JobBody, JobRecord, Launch
 
 
 def job_spec(body: JobBody, job_id: str, submit_time: float = 0.0) -> JobSpec:
-    """The scheduler plans with the user's estimate, or the simulated duration when there is none."""
+    """The scheduler plans with the user's estimate, or the simulated duration when there is none; never past
+    the time limit (the job is stopped there), as Slurm's backfill plans with `--time`."""
+    estimate = body.expected_runtime_s if body.expected_runtime_s is not None else body.duration_s
+    if body.time_limit_s is not None:
+        estimate = min(estimate, body.time_limit_s)
     return JobSpec(
         id=job_id,
         gpus=body.gpus,
@@ -19,7 +24,7 @@ def job_spec(body: JobBody, job_id: str, submit_time: float = 0.0) -> JobSpec:
         priority=body.priority,
         tenant=body.tenant,
         checkpointable=body.checkpointable,
-        expected_runtime_s=body.expected_runtime_s if body.expected_runtime_s is not None else body.duration_s,
+        expected_runtime_s=estimate,
         submit_time=submit_time,
     )
 
@@ -27,3 +32,14 @@ def job_spec(body: JobBody, job_id: str, submit_time: float = 0.0) -> JobSpec:
 def record_spec(rec: JobRecord) -> JobSpec:
     """The core's view of a job record: its body, submitted when the queue accepted it."""
     return job_spec(rec.spec, rec.id, rec.submitted_at)
+
+
+def launch_of(body: JobBody) -> Launch:
+    """What every node's agent needs of the body to start the job's processes."""
+    return Launch(
+        env=dict(body.env),
+        workdir=body.workdir,
+        time_limit_s=body.time_limit_s,
+        processes=body.processes,
+        slurm_env=body.slurm_env,
+    )

@@ -182,8 +182,12 @@ def started(rec: JobRecord, ev: RankStarted, now: float) -> JobRecord | None:
     return r
 
 
+TIME_LIMIT = "time limit"  # a failed job's reason when its agents stopped it at its `time_limit_s`
+
+
 def exited(rec: JobRecord, ev: RankExited, now: float) -> JobRecord | None:
-    """A rank ended by itself: the job fails with its first failing rank, succeeds when every rank exited 0."""
+    """A rank ended by itself: the job fails with its first failing rank (or at its time limit), succeeds when
+    every rank exited 0."""
     commit_seen(rec, ev.attempt)
     if rec.attempt != ev.attempt or rec.state not in HOLDING:
         return None
@@ -197,7 +201,9 @@ def exited(rec: JobRecord, ev: RankExited, now: float) -> JobRecord | None:
     r = _copy(rec)
     r.exit_codes = {**rec.exit_codes, key: ev.exit_code}
     r.updated_at = now
-    if ev.exit_code != 0:
+    if ev.time_limit:
+        r.state, r.ended_at, r.reason = JobState.FAILED, now, TIME_LIMIT
+    elif ev.exit_code != 0:
         r.state, r.ended_at = JobState.FAILED, now
         r.reason = f"rank {ev.rank} on {ev.node} exited with {ev.exit_code}" + (f" ({ev.reason})" if ev.reason else "")
     elif len(r.exit_codes) == len(r.allocation):

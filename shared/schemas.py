@@ -23,6 +23,11 @@ NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 
 
+ENV_VALUE_MAX = 4096  # bytes of one env value; all of a job's env together at most ENV_TOTAL_MAX
+ENV_TOTAL_MAX = 32 * 1024
+Processes = Literal["per_node", "per_gpu"]  # one process per node (torchrun style) or per GPU (srun style)
+
+
 class TopologyBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True, gc=False):
     nvlink: Literal["required", "preferred", "none"] = "required"
     segment: Positive | None = None
@@ -44,6 +49,12 @@ class JobBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
     duration_s: NonNegative = 60.0  # how long a simulated agent runs it
     expected_runtime_s: NonNegative | None = None  # the user's estimate; defaults to duration_s
     on_node_failure: Literal["requeue", "fail"] = "requeue"
+    # how its processes start (`Launch`; names and sizes checked in services/gateway/validation.py)
+    env: Annotated[dict[str, Annotated[str, msgspec.Meta(max_length=ENV_VALUE_MAX)]], msgspec.Meta(max_length=64)] = {}
+    workdir: Annotated[str, msgspec.Meta(max_length=4096)] = ""  # absolute; "" the agent's own
+    time_limit_s: Annotated[float, msgspec.Meta(gt=0)] | None = None  # hard: stopped past it, ends failed
+    processes: Processes = "per_node"
+    slurm_env: bool = False  # also the launch contract's facts under Slurm's names (SLURM_PROCID, ...)
 
 
 class NodeAdmin(msgspec.Struct, kw_only=True, frozen=True):
@@ -148,6 +159,7 @@ class NodeRecord(msgspec.Struct, kw_only=True, gc=False):
     last_heartbeat: float = 0.0
     backend: str = "sim"
     leaf: str | None = None
+    addr: str = ""  # the agent's `AgentRegister.addr`: the launch contract's MASTER_ADDR when it is node 0
 
 
 class RuleState(msgspec.Struct, kw_only=True):
@@ -215,6 +227,16 @@ class MoveAbort(msgspec.Struct, tag="job.move_abort", kw_only=True, frozen=True)
 JobIntake = JobSubmitted | JobCancel | MoveOrder | MoveAbort
 
 
+class Launch(msgspec.Struct, kw_only=True, frozen=True, gc=False):
+    """How a job's processes start, as its body asked: the same on every node (shared/launch.py)."""
+
+    env: dict[str, str] = {}
+    workdir: str = ""
+    time_limit_s: float | None = None
+    processes: Processes = "per_node"
+    slurm_env: bool = False
+
+
 class PlaceOrder(msgspec.Struct, tag="order.place", kw_only=True, frozen=True):
     job_id: str
     attempt: int
@@ -224,6 +246,10 @@ class PlaceOrder(msgspec.Struct, tag="order.place", kw_only=True, frozen=True):
     duration_s: float
     decided_at: float
     restore: str = ""  # checkpoint ref the ranks resume from ("" a fresh start)
+    launch: Launch = Launch()
+    domains: list[str] = []  # each node's NVLink domain, parallel to `nodes`
+    segments: list[int] = []  # each node's segment index (0 without segments), parallel to `nodes`
+    master_port: int = 0
 
 
 class ReleaseOrder(msgspec.Struct, tag="order.release", kw_only=True, frozen=True):
@@ -258,6 +284,13 @@ class StartRank(msgspec.Struct, tag="agent.start", kw_only=True, frozen=True):
     command: list[str]
     duration_s: float
     restore: str = ""  # checkpoint ref to resume from ("" a fresh start); duration_s is then what is left
+    launch: Launch = Launch()
+    # the attempt's whole allocation, its nodes' NVLink domains and segment indexes (parallel to `nodes`), and
+    # the rendezvous port: what the launch contract tells every process (shared/launch.py)
+    nodes: list[NodeGpus] = []
+    domains: list[str] = []
+    segments: list[int] = []
+    master_port: int = 0
 
 
 class StopRank(msgspec.Struct, tag="agent.stop", kw_only=True, frozen=True):
@@ -301,6 +334,7 @@ class AgentRegister(msgspec.Struct, tag="agent.register", kw_only=True, frozen=T
     at: float = 0.0
     boot_id: str = ""  # new at every agent start; a registration with a new one clears latched GPU faults
     ranks: list[RunningRank] = []  # what the agent holds (a registration stands in for that beat's heartbeat)
+    addr: str = ""  # where the job's other nodes reach this one (MASTER_ADDR when it is node 0); "" its name
 
 
 # -- telemetry (agent → inventory, core NATS: high rate, a lost sample is replaced by the next) ----------------
@@ -394,6 +428,7 @@ class RankExited(msgspec.Struct, tag="agent.exited", kw_only=True, frozen=True):
     lost: bool = False
     checkpointed: bool = False  # stopped by a checkpoint stop: the acknowledgement of a move's checkpoint
     ran_s: float = 0.0  # how long the rank ran
+    time_limit: bool = False  # stopped by its agent at the job's time limit: the job ends failed, "time limit"
 
 
 class NodeChanged(msgspec.Struct, tag="node.changed", kw_only=True, frozen=True):

@@ -77,7 +77,8 @@ class TopologyView:
     def __init__(self, store: Store, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.clock = clock
-        self._cache: tuple[int, tuple[Topology, Health] | None, dict[str, str]] | None = None
+        # (topo:gen, the view, node → domain, node → address)
+        self._cache: tuple[int, tuple[Topology, Health] | None, dict[str, str], dict[str, str]] | None = None
         self._empty: tuple[int, ClusterState] | None = None
         self._checked_at: float | None = None
         self._lock = asyncio.Lock()  # concurrent readers of a new generation build it once
@@ -95,6 +96,11 @@ class TopologyView:
         """Node name → NVLink domain name, of the records the last `get` read (empty before any)."""
         return self._cache[2] if self._cache is not None else {}
 
+    @property
+    def addr_of(self) -> Mapping[str, str]:
+        """Node name → where other nodes reach it (its agent's `addr`; absent: its name), as `domain_of`."""
+        return self._cache[3] if self._cache is not None else {}
+
     async def get(self, max_age_s: float = 0.0) -> tuple[Topology, Health] | None:
         """(Topology, Health), or None until a node registers."""
         now = self.clock()
@@ -110,7 +116,8 @@ class TopologyView:
                     # Read after the generation: at worst newer nodes are cached under an older number (and
                     # rebuilt when it moves on).
                     records = await self.store.nodes()
-                    self._cache = (gen, _build(records, gen), {r.name: r.domain for r in records})
+                    domains = {r.name: r.domain for r in records}
+                    self._cache = (gen, _build(records, gen), domains, {r.name: r.addr for r in records if r.addr})
         assert self._cache is not None
         return self._cache[1]
 
@@ -123,7 +130,7 @@ class TopologyView:
         """The ClusterState of the view `get` last returned, with no allocations: built once per generation
         (building one is the costly part of a cycle's set-up). Shared: copy it before changing it."""
         assert self._cache is not None and self._cache[1] is not None, "get() returned no topology yet"
-        gen, (topo, health), _ = self._cache
+        gen, (topo, health), _, _ = self._cache
         if self._empty is None or self._empty[0] != gen:
             self._empty = (gen, ClusterState(topo, health))
         return self._empty[1]

@@ -69,6 +69,9 @@ class NvmlUnavailableError(RuntimeError):
 # -- simulator -------------------------------------------------------------------------------------------
 
 
+SIM_ADDR = "127.0.0.1"  # simulated nodes all run on this machine: a job's ranks meet here
+
+
 class SimBackend:
     """A simulated node: `gpus` GPUs in NVLink domain `domain` (its cluster UUID), clique `clique_id`.
 
@@ -139,6 +142,7 @@ class SimBackend:
             gpus=self._reports(),
             backend=self.backend,
             leaf=self.leaf,
+            addr=SIM_ADDR,
         )
 
     def health(self) -> list[GpuReport]:

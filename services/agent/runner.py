@@ -3,8 +3,10 @@
 A rank with a command is a real subprocess, started in its own session (so its own process group):
 stopping it sends SIGTERM to the whole group (the command and everything it forked), then SIGKILL to the
 group after a grace period. A rank with an empty command on a simulated node is a timer of `duration_s`
-(no process). The rank's environment carries the placement: CUDA_VISIBLE_DEVICES, RANK, WORLD_SIZE,
-MASTER_ADDR, LOCAL_RANK (one rank per node, so 0) and RACKSCALE_JOB_ID.
+(no process). A job asking for one process per GPU (`processes: per_gpu`) starts one per allocated GPU
+here, supervised as one rank (the node's share): it ends when they all have, failed with the first that
+fails (the others are stopped then, as torchrun's agent does). Every process's environment is the launch
+contract (shared/launch.py); it starts in the job's `workdir` when it names one.
 
 Exit codes follow asyncio's convention: the process's status, or `-N` when signal N ended it (so a
 command that exits 143 by itself is not mistaken for one that SIGTERM killed).
@@ -20,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Protocol
 
+from shared import launch as launch_contract
 from shared.schemas import StartRank
 
 # Exit codes for ranks that never ran (the shell's conventions).
@@ -28,21 +31,10 @@ EXIT_NOT_FOUND = 127
 EXIT_NO_COMMAND = 2
 
 
-def rank_env(cmd: StartRank, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment a rank runs with: `base` (default: the agent's) plus the placement variables."""
-    env = dict(os.environ if base is None else base)
-    env.update(
-        CUDA_VISIBLE_DEVICES=",".join(str(g) for g in cmd.gpus),
-        RANK=str(cmd.rank),
-        WORLD_SIZE=str(cmd.world_size),
-        MASTER_ADDR=cmd.master_addr,
-        LOCAL_RANK="0",
-        RACKSCALE_JOB_ID=cmd.job_id,
-        RACKSCALE_ATTEMPT=str(cmd.attempt),
-        RACKSCALE_NODE=cmd.node,
-        RACKSCALE_RESTORE=cmd.restore,  # checkpoint ref to resume from; empty for a fresh start
-    )
-    return env
+def rank_env(cmd: StartRank, base: Mapping[str, str] | None = None, local_rank: int = 0) -> dict[str, str]:
+    """The environment a process runs with: `base` (default: the agent's) with the launch contract's
+    variables over it (shared/launch.py)."""
+    return launch_contract.merged_env(os.environ if base is None else base, cmd, local_rank)
 
 
 class Rank(Protocol):
@@ -87,6 +79,33 @@ class ProcessRank:
         await self.proc.wait()
 
 
+class GroupRank:
+    """The processes one node starts for a `per_gpu` job, as one rank: the first to fail stops the others."""
+
+    def __init__(self, ranks: list[ProcessRank], grace_s: float) -> None:
+        self.ranks, self.grace_s = ranks, grace_s
+
+    @property
+    def pid(self) -> int:
+        return self.ranks[0].pid
+
+    async def wait(self) -> int:
+        waits = {asyncio.ensure_future(r.wait()): r for r in self.ranks}
+        first_failure: int | None = None
+        pending = set(waits)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                code = task.result()
+                if code != 0 and first_failure is None:
+                    first_failure = code
+                    await asyncio.gather(*(waits[t].stop(self.grace_s) for t in pending))
+        return first_failure or 0
+
+    async def stop(self, grace_s: float) -> None:
+        await asyncio.gather(*(r.stop(grace_s) for r in self.ranks))
+
+
 class TimerRank:
     """A simulated rank: exits 0 after `duration_s`, or `-SIGTERM` when stopped first."""
 
@@ -125,16 +144,35 @@ async def launch(
     base_env: Mapping[str, str] | None = None,
     log_path: Path | None = None,
     cwd: Path | None = None,
+    stop_grace_s: float = 10.0,
 ) -> Rank:
-    """Start the rank. Raises LaunchError (with the exit code to report) when it can't run at all.
+    """Start the rank: one process, or one per GPU (`per_gpu`). Raises LaunchError (with the exit code to
+    report) when it can't run at all; a `per_gpu` group whose later process can't start stops those started.
 
     Output goes to `log_path` (appended: a retry of the same attempt keeps the first run's lines) or,
-    without one, to the agent's own stdout/stderr.
+    without one, to the agent's own stdout/stderr. The job's `workdir`, when it names one, is the cwd.
     """
     if not cmd.command:
         if simulated:
             return TimerRank(cmd.duration_s)
         raise LaunchError(EXIT_NO_COMMAND, "empty command: only a simulated node runs a job without one")
+    workdir = Path(cmd.launch.workdir) if cmd.launch.workdir else cwd
+    if workdir is not None and not workdir.is_dir():
+        raise LaunchError(EXIT_CANNOT_EXECUTE, f"workdir {workdir} is not a directory on {cmd.node}")
+    started: list[ProcessRank] = []
+    try:
+        for local_rank in range(launch_contract.processes_on(cmd)):
+            env = rank_env(cmd, base_env, local_rank)
+            started.append(await _start_process(cmd, env, workdir, log_path))
+    except LaunchError:
+        await asyncio.gather(*(r.stop(0.0) for r in started))
+        raise
+    return started[0] if len(started) == 1 else GroupRank(started, stop_grace_s)
+
+
+async def _start_process(
+    cmd: StartRank, env: Mapping[str, str], cwd: Path | None, log_path: Path | None
+) -> ProcessRank:
     out: IO[bytes] | None = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,7 +180,7 @@ async def launch(
     try:
         proc = await asyncio.create_subprocess_exec(
             *cmd.command,
-            env=rank_env(cmd, base_env),
+            env=dict(env),
             cwd=cwd,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=out,

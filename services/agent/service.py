@@ -45,6 +45,7 @@ import msgspec
 
 from services.agent.backends import GpuBackend
 from services.agent.runner import LaunchError, Rank, launch
+from shared.lifecycle import TIME_LIMIT
 from shared.runtime import Deps, Service
 from shared.schemas import (
     AGENT_COMMANDS,
@@ -76,6 +77,7 @@ class RankRun:
     stop_reason: str | None = None
     lost: bool = False  # stopped by the agent's own shutdown
     checkpointed: bool = False  # stopped by a checkpoint stop (a move): its exit acknowledges the checkpoint
+    time_limit: bool = False  # stopped here at the job's time limit
     started_at: float = 0.0
     ended_at: float = 0.0
     exit_stored: bool = False  # its RankExited is in JetStream: the reports may leave it out
@@ -279,7 +281,9 @@ class AgentService(Service):
         self._forget_old()
         log_path = self.log_dir / f"{cmd.job_id}.{cmd.attempt}.{cmd.rank}.log" if self.log_dir else None
         try:
-            run.rank = await launch(cmd, simulated=self.backend.simulated, log_path=log_path)
+            run.rank = await launch(
+                cmd, simulated=self.backend.simulated, log_path=log_path, stop_grace_s=self.stop_grace_s
+            )
         except LaunchError as e:
             log.warning("%s: %s:%d could not start: %s", self.node, *key, e)
             self._finish(run, e.code, str(e))
@@ -332,10 +336,26 @@ class AgentService(Service):
             job_id=cmd.job_id, attempt=cmd.attempt, node=self.node, rank=cmd.rank, pid=run.rank.pid, at=run.started_at
         )
         await self._publish(started, f"{cmd.job_id}:{cmd.attempt}:{cmd.rank}:start", run.trace)
-        code = await run.rank.wait()
+        code = await self._wait_within_limit(run)
         self._finish(run, code, exit_reason(code, run.stop_reason))
         log.info("%s: %s:%d rank %d %s", self.node, cmd.job_id, cmd.attempt, cmd.rank, run.reason)
         await self._publish_exit(run)
+
+    async def _wait_within_limit(self, run: RankRun) -> int:
+        """The rank's exit code; past the job's time limit (counted from this attempt's start here) it is
+        stopped as a cancel stops it: SIGTERM, SIGKILL after the stop grace."""
+        assert run.rank is not None
+        limit = run.cmd.launch.time_limit_s
+        if limit is None:
+            return await run.rank.wait()
+        try:
+            return await asyncio.wait_for(asyncio.shield(run.rank.wait()), timeout=limit)
+        except TimeoutError:
+            if run.stop_reason is None:
+                run.stop_reason, run.time_limit = TIME_LIMIT, True
+                log.info("%s: %s:%d reached its time limit of %gs", self.node, run.cmd.job_id, run.cmd.attempt, limit)
+            await run.rank.stop(self.stop_grace_s)
+            return await run.rank.wait()
 
     def _finish(self, run: RankRun, code: int, reason: str) -> None:
         run.exit_code, run.reason, run.ended_at = code, reason, self.now()
@@ -355,6 +375,7 @@ class AgentService(Service):
             lost=run.lost,
             checkpointed=run.checkpointed and not run.lost,
             ran_s=max(0.0, run.ended_at - run.started_at),
+            time_limit=run.time_limit,
         )
         if await self._publish(exited, f"{cmd.job_id}:{cmd.attempt}:{cmd.rank}:exit", run.trace):
             run.exit_stored = True

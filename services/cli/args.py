@@ -35,3 +35,11 @@ def seconds(raw: str) -> float:
     if not value >= 0:  # NaN too
         raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {raw}")
     return value
+
+
+def env_pair(raw: str) -> tuple[str, str]:
+    """`NAME=VALUE` (the value may hold `=`; the gateway checks the name against the launch contract)."""
+    name, sep, value = raw.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not NAME=VALUE")
+    return name, value

@@ -52,6 +52,11 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
         "duration_s": args.duration,
         "expected_runtime_s": args.expected_runtime,
         "on_node_failure": args.on_node_failure,
+        "time_limit_s": args.time_limit,
+        "workdir": args.workdir,
+        "env": dict(args.env) or None,
+        "processes": "per_gpu" if args.per_gpu else None,
+        "slurm_env": True if args.slurm_env else None,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if args.checkpointable:

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from services.cli.args import port, positive_int, seconds
+from services.cli.args import env_pair, port, positive_int, seconds
 from shared.core import POLICIES
 
 Out = Callable[[str], None]
@@ -70,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--duration", type=seconds, default=None, help="seconds a simulated agent runs it (default 60)")
     s.add_argument("--expected-runtime", type=seconds, default=None, help="your runtime estimate in seconds")
     s.add_argument("--on-node-failure", choices=("requeue", "fail"), default=None, help="(default requeue)")
+    s.add_argument("--time-limit", type=seconds, default=None, help="seconds; stopped past it, ends failed")
+    s.add_argument("--env", type=env_pair, action="append", default=[], metavar="NAME=VALUE", help="(repeatable)")
+    s.add_argument("--workdir", default=None, help="absolute directory the processes start in")
+    s.add_argument("--per-gpu", action="store_true", help="one process per GPU (srun style; default one per node)")
+    s.add_argument("--slurm-env", action="store_true", help="also SLURM_* aliases of the launch contract")
     s.add_argument("--idempotency-key", default=None, help="a retry with the same key names the same job")
     s.add_argument("cmd", nargs="*", metavar="-- CMD", help="the command each rank runs (none: a simulated run)")
 

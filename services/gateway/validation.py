@@ -16,9 +16,10 @@ from typing import TypeVar
 
 import msgspec
 
+from shared import launch
 from shared.core import JobSpec, Need, ShapeError, Topology, request
 from shared.jobs import job_spec
-from shared.schemas import JOB_BODY_JSON, JobBody
+from shared.schemas import ENV_TOTAL_MAX, JOB_BODY_JSON, JobBody
 
 T = TypeVar("T")
 
@@ -100,10 +101,34 @@ def static_checks(spec: JobSpec) -> None:
             raise ShapeError("segment", f"{nodes} nodes is not a multiple of segment {spec.segment}")
 
 
+def check_launch(body: JobBody) -> ApiError | None:
+    """The 422 naming the field when the body's launch settings can't start a process (shared/launch.py)."""
+    for name, value in body.env.items():
+        shown = name if len(name) <= 64 else name[:64] + "…"
+        if not launch.valid_name(name):
+            return ApiError(
+                422, f"env.{shown}: not a variable name (letters, digits and _, not first a digit)", f"env.{shown}"
+            )
+        if launch.reserved(name):
+            return ApiError(
+                422, f"env.{shown}: set by the scheduler (the launch contract), not by a job", f"env.{shown}"
+            )
+        if "\0" in value:
+            return ApiError(422, f"env.{shown}: a value may not hold a NUL character", f"env.{shown}")
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in body.env.items())
+    if size > ENV_TOTAL_MAX:
+        return ApiError(422, f"env: {size} bytes of names and values, at most {ENV_TOTAL_MAX}", "env")
+    if body.workdir and (not body.workdir.startswith("/") or "\0" in body.workdir):
+        return ApiError(422, "workdir: an absolute path (or empty: the agent's own)", "workdir")
+    return None
+
+
 def check_job(body: JobBody, job_id: str, topology: Topology | None) -> JobSpec | ApiError:
-    """Stage 2: the body's JobSpec, or the 422 naming the field when its shape can never be placed on
-    `topology` (the one the queue schedules on, `shared.topology_view`); None means no node is registered
-    yet (static checks only)."""
+    """Stage 2: the body's JobSpec, or the 422 naming the field when its launch settings are unusable or its
+    shape can never be placed on `topology` (the one the queue schedules on, `shared.topology_view`); None
+    means no node is registered yet (static checks only)."""
+    if (bad := check_launch(body)) is not None:
+        return bad
     spec = job_spec(body, job_id)
     try:
         if topology is None:

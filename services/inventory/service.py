@@ -107,6 +107,7 @@ def record_from_register(reg: AgentRegister, prev: NodeRecord | None, now: float
         last_heartbeat=now,
         backend=reg.backend,
         leaf=reg.leaf,
+        addr=reg.addr,
     )
 
 
@@ -154,7 +155,7 @@ def _repeats(rec: NodeRecord, prev: NodeRecord) -> bool:
 
 
 def _topology_fields(rec: NodeRecord) -> tuple[Any, ...]:
-    return (rec.domain, rec.clique, rec.gpus, rec.leaf, rec.backend)
+    return (rec.domain, rec.clique, rec.gpus, rec.leaf, rec.backend, rec.addr)
 
 
 class InventoryService(Service):

@@ -104,6 +104,11 @@ class PlacementService(Service):
                 command=order.command,
                 duration_s=order.duration_s,
                 restore=order.restore,
+                launch=order.launch,
+                nodes=nodes,
+                domains=order.domains,
+                segments=order.segments,
+                master_port=order.master_port,
             )
             out.append(Outgoing(self.names.agent_cmd(ng.node), cmd, f"{key}:start:{rank}", headers))
         await self.bus.publish_all(out)

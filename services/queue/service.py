@@ -33,7 +33,8 @@ from shared.bus import Outgoing, Retry
 from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
 from shared.held import HeldState, occupy, reserved_domains
 from shared.job_cache import CHANGES_LISTED, JobCache
-from shared.jobs import record_spec
+from shared.jobs import launch_of, record_spec
+from shared.launch import master_port
 from shared.liveness import Hearing, observe, overdue
 from shared.runtime import Deps, Service
 from shared.schemas import (
@@ -589,17 +590,24 @@ class QueueService(Service):
 
     def _place_order(self, rec: JobRecord, now: float) -> PlaceOrder:
         """The order for the record's in-flight attempt; a job with a checkpoint restores from it and runs
-        only what is left of its duration."""
+        only what is left of its duration. It carries what the launch contract tells every process
+        (shared/launch.py): the body's launch settings, each node's domain and segment, the rendezvous port."""
         nodes = rec.allocation
+        domain_of = self._topo.domain_of
+        per_segment = rec.spec.topology.segment
         return PlaceOrder(
             job_id=rec.id,
             attempt=rec.attempt,
             nodes=nodes,
-            master_addr=nodes[0].node,
+            master_addr=self._topo.addr_of.get(nodes[0].node, nodes[0].node),
             command=list(rec.spec.command),
             duration_s=max(0.0, rec.spec.duration_s - rec.ran_s),
             decided_at=now,
             restore=rec.checkpoint,
+            launch=launch_of(rec.spec),
+            domains=[domain_of.get(ng.node, "") for ng in nodes],
+            segments=[i // per_segment if per_segment else 0 for i in range(len(nodes))],
+            master_port=master_port(rec.id, rec.attempt),
         )
 
     async def _order(self, rec: JobRecord, d: Allocate, topo: Any, now: float) -> None:

@@ -30,6 +30,7 @@ from shared.schemas import (
     EVENTS,
     AgentRegister,
     Heartbeat,
+    Launch,
     RankExited,
     RankStarted,
     RunningRank,
@@ -64,9 +65,16 @@ async def harness(
 
 
 def start(
-    command: list[str], *, job: str = "job-1", attempt: int = 1, node: str = NODE, duration_s: float = 0.0
+    command: list[str],
+    *,
+    job: str = "job-1",
+    attempt: int = 1,
+    node: str = NODE,
+    duration_s: float = 0.0,
+    launch: Launch | None = None,
 ) -> StartRank:
     return StartRank(
+        launch=launch or Launch(),
         job_id=job,
         attempt=attempt,
         node=node,
@@ -168,6 +176,32 @@ async def test_stop_rank_kills_a_long_sleep(harness: Harness) -> None:
     assert exited.exit_code == -signal.SIGTERM
     assert exited.reason == "stopped (cancelled by user): killed by SIGTERM"
     assert agent.held_ranks() == []  # ended, and its exit stored
+
+
+async def test_a_rank_past_its_time_limit_is_stopped_and_says_so(harness: Harness, tmp_path: Path) -> None:
+    """SIGTERM at the limit; a rank that ignores it is killed after the stop grace. Only the outcome is asserted
+    (no elapsed time): the exit is marked `time_limit`, and the queue fails the job with "time limit"."""
+    h = harness
+    agent = await h.agent(SimBackend(NODE, "d00"), stop_grace_s=0.3)
+    await command(h, start(["sleep", "30"], launch=Launch(time_limit_s=0.3)))
+    _, exited = await wait_exit(h, "job-1")
+    assert isinstance(exited, RankExited) and exited.time_limit
+    assert (exited.exit_code, exited.reason) == (-signal.SIGTERM, "stopped (time limit): killed by SIGTERM")
+    ready = tmp_path / "ready"
+    stubborn = (
+        f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); open({str(ready)!r}, 'w'); time.sleep(30)"
+    )
+    await command(h, start(py(stubborn), job="job-2", launch=Launch(time_limit_s=1.0)))
+    _, exited = await wait_exit(h, "job-2")
+    assert ready.exists() and isinstance(exited, RankExited) and exited.time_limit
+    assert exited.exit_code == -signal.SIGKILL
+    # a simulated rank (no command) longer than its limit is stopped the same way; one within it is not
+    await command(h, start([], job="job-3", duration_s=30.0, launch=Launch(time_limit_s=0.2)))
+    await command(h, start([], job="job-4", duration_s=0.1, launch=Launch(time_limit_s=30.0)))
+    (_, three), (_, four) = await wait_exit(h, "job-3"), await wait_exit(h, "job-4")
+    assert isinstance(three, RankExited) and three.time_limit and three.exit_code == -signal.SIGTERM
+    assert isinstance(four, RankExited) and not four.time_limit and four.exit_code == 0
+    assert agent.held_ranks() == []
 
 
 async def test_redelivered_start_rank_runs_one_process(harness: Harness, tmp_path: Path) -> None:

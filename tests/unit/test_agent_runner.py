@@ -15,6 +15,7 @@ import pytest
 from services.agent.runner import (
     EXIT_NO_COMMAND,
     EXIT_NOT_FOUND,
+    GroupRank,
     LaunchError,
     ProcessRank,
     TimerRank,
@@ -22,14 +23,17 @@ from services.agent.runner import (
     rank_env,
 )
 from services.agent.service import exit_reason
-from shared.schemas import StartRank
+from shared.schemas import Launch, StartRank
 
 PLACEMENT_VARS = ("CUDA_VISIBLE_DEVICES", "RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK", "RACKSCALE_JOB_ID")
 WAIT_S = 10.0  # only a bound on waiting for an event; nothing asserts on elapsed time
 
 
-def start_cmd(command: list[str], *, gpus: list[int] | None = None, duration_s: float = 0.0) -> StartRank:
+def start_cmd(
+    command: list[str], *, gpus: list[int] | None = None, duration_s: float = 0.0, launch: Launch | None = None
+) -> StartRank:
     return StartRank(
+        launch=launch or Launch(),
         job_id="job-1",
         attempt=2,
         node="d00-n01",
@@ -177,3 +181,40 @@ def test_exit_reasons() -> None:
     assert exit_reason(3, None) == "exited with code 3"
     assert exit_reason(-signal.SIGKILL, None) == "killed by SIGKILL"
     assert exit_reason(-200, "x") == "stopped (x): killed by signal 200"
+
+
+@pytest.mark.asyncio
+async def test_one_process_per_gpu_each_with_its_rank(tmp_path: Path) -> None:
+    script = (
+        "import json, os, sys; e = os.environ; keys = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE'); "
+        f"json.dump({{k: e[k] for k in keys}}, open({str(tmp_path)!r} + '/' + e['LOCAL_RANK'], 'w'))"
+    )
+    cmd = start_cmd([sys.executable, "-c", script], launch=Launch(processes="per_gpu"))
+    rank = await launch(cmd, simulated=False)
+    assert isinstance(rank, GroupRank) and len(rank.ranks) == 3
+    assert await asyncio.wait_for(rank.wait(), WAIT_S) == 0
+    seen = [json.loads((tmp_path / str(i)).read_text()) for i in range(3)]
+    # node rank 1 of a world of 3 nodes with 3 GPUs each (an old StartRank without the whole allocation)
+    assert seen == [{"RANK": str(3 + r), "LOCAL_RANK": str(r), "WORLD_SIZE": "9"} for r in range(3)]
+
+
+@pytest.mark.asyncio
+async def test_the_first_failing_process_of_a_node_stops_the_others() -> None:
+    script = "import os, sys, time; sys.exit(3) if os.environ['LOCAL_RANK'] == '1' else time.sleep(60)"
+    rank = await launch(start_cmd([sys.executable, "-c", script], launch=Launch(processes="per_gpu")), simulated=False)
+    assert await asyncio.wait_for(rank.wait(), WAIT_S) == 3  # not the siblings' SIGTERM
+
+
+@pytest.mark.asyncio
+async def test_processes_start_in_the_jobs_workdir(tmp_path: Path) -> None:
+    log = tmp_path / "rank.log"
+    work = tmp_path / "work"
+    work.mkdir()
+    cmd = start_cmd([sys.executable, "-c", "import os; print(os.getcwd())"], launch=Launch(workdir=str(work)))
+    rank = await launch(cmd, simulated=False, log_path=log)
+    assert await asyncio.wait_for(rank.wait(), WAIT_S) == 0
+    assert log.read_text().strip() == str(work)
+    missing = start_cmd(["true"], launch=Launch(workdir=str(tmp_path / "nowhere")))
+    with pytest.raises(LaunchError, match="is not a directory") as e:
+        await launch(missing, simulated=False)
+    assert e.value.code == 126

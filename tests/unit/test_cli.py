@@ -47,6 +47,8 @@ def test_submit_every_flag_becomes_its_body_field() -> None:
         "submit", "--gpus", "64", "--name", "train", "--tenant", "me", "--gpus-per-node", "4", "--nvlink", "preferred",
         "--segment", "8", "--level", "domain", "--priority", "5", "--checkpointable", "--exclusive", "--duration", "30",
         "--expected-runtime", "600", "--on-node-failure", "fail", "--idempotency-key", "k-1", "--url", "http://h:1",
+        "--time-limit", "3600", "--env", "OMP_NUM_THREADS=8", "--env", "OPTS=a=b", "--workdir", "/shared/run",
+        "--per-gpu", "--slurm-env",
     )  # fmt: skip
     assert args.url == "http://h:1" and args.idempotency_key == "k-1"
     assert commands.job_body(args) == {
@@ -61,6 +63,11 @@ def test_submit_every_flag_becomes_its_body_field() -> None:
         "duration_s": 30.0,
         "expected_runtime_s": 600.0,
         "on_node_failure": "fail",
+        "time_limit_s": 3600.0,
+        "env": {"OMP_NUM_THREADS": "8", "OPTS": "a=b"},
+        "workdir": "/shared/run",
+        "processes": "per_gpu",
+        "slurm_env": True,
     }
 
 
@@ -83,6 +90,9 @@ def test_submit_sends_only_what_was_given_and_the_command_after_double_dash(monk
         ["submit", "--gpus", "0"],
         ["submit", "--gpus", "x"],
         ["submit", "--gpus", "1", "--nvlink", "sometimes"],
+        ["submit", "--gpus", "1", "--env", "NOEQUALS"],
+        ["submit", "--gpus", "1", "--env", "=x"],
+        ["submit", "--gpus", "1", "--time-limit", "soon"],
         ["submit", "--gpus", "1", "--duration", "-1"],
         ["submit", "--gpus", "1", "--on-node-failure", "retry"],
         ["jobs", "--state", "sleeping"],

@@ -1,5 +1,6 @@
-"""The pure parts stay pure: no asyncio, NATS, Redis, clock or services inside shared/core (the placement core)
-or shared/lifecycle.py (the job's state machine)."""
+"""The pure parts stay pure: no asyncio, NATS, Redis, clock or services inside shared/core (the placement core),
+shared/lifecycle.py (the job's state machine), shared/reconcile.py (agents against records), shared/liveness.py
+(silence judged only while we could hear) or shared/launch.py (the launch contract)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CORE = SHARED / "core"
-PURE_MODULES = (SHARED / "lifecycle.py",)
+PURE_MODULES = tuple(SHARED / f"{m}.py" for m in ("lifecycle", "reconcile", "liveness", "launch"))
 FORBIDDEN_MODULES = ("asyncio", "nats", "redis", "valkey", "aiohttp", "services", "time", "datetime", "socket")
 # what must not even be loaded transitively (yaml loads datetime for timestamps: harmless, not a clock read)
 IO_MODULES = ("asyncio", "nats", "redis", "valkey", "aiohttp", "services", "socket")
@@ -49,7 +50,8 @@ def test_importing_the_core_loads_no_io_modules() -> None:
     import sys
 
     code = (
-        "import sys; import shared.core, shared.core.topology_io, shared.lifecycle; "
+        "import sys; import shared.core, shared.core.topology_io, shared.lifecycle, shared.reconcile, "
+        "shared.liveness, shared.launch; "
         "print(' '.join(m for m in sys.modules if m.split('.')[0] in "
         f"{IO_MODULES!r}))"
     )

@@ -28,10 +28,10 @@ from services.gateway.service import build_app, idempotent_job_id
 from services.gateway.validation import ApiError, check_job, decode_job, error_field
 from shared.bus import Bus
 from shared.core import ClusterState, CycleConfig, JobSpec, Need, Pending, PendingCode, Scheduler, Topology
-from shared.jobs import job_spec
+from shared.jobs import job_spec, launch_of
 from shared.names import Names
 from shared.runtime import Deps
-from shared.schemas import JOB_BODY_JSON, JobBody, NodeRecord
+from shared.schemas import JOB_BODY_JSON, JobBody, Launch, NodeRecord
 from shared.settings import Settings
 from shared.store import Store
 from shared.topology_view import topology_from_records
@@ -109,6 +109,23 @@ BAD = [
     Bad("bad-on-failure", body(on_node_failure="retry"), 422, "on_node_failure", "Invalid enum value"),
     Bad("segment-0", body(topology={"segment": 0}), 422, "topology.segment", ">= 1"),
     Bad("segment-string", body(topology={"segment": "4"}), 422, "topology.segment", "Expected `int | null`, got `str`"),
+    # -- how the processes start (the launch contract, shared/launch.py)
+    Bad("env-not-object", body(env=["A=1"]), 422, "env", "Expected `object`"),
+    Bad("env-value-int", body(env={"A": 1}), 422, "env[...]", "Expected `str`, got `int`"),
+    Bad("env-value-long", body(env={"A": "x" * 4097}), 422, "env[...]", "length <= 4096"),
+    Bad("env-too-many", body(env={f"V{i}": "1" for i in range(65)}), 422, "env", "length <= 64"),
+    Bad("env-bad-name", body(env={"1A": "x"}), 422, "env.1A", "not a variable name"),
+    Bad("env-dash-name", body(env={"A-B": "x"}), 422, "env.A-B", "not a variable name"),
+    Bad("env-reserved", body(env={"MASTER_PORT": "1"}), 422, "env.MASTER_PORT", "set by the scheduler"),
+    Bad("env-reserved-prefix", body(env={"RACKSCALE_X": "1"}), 422, "env.RACKSCALE_X", "set by the scheduler"),
+    Bad("env-nul", body(env={"A": "a\u0000b"}), 422, "env.A", "NUL"),
+    Bad("env-total", body(env={f"V{i}": "x" * 4000 for i in range(9)}), 422, "env", "at most 32768"),
+    Bad("workdir-relative", body(workdir="runs/a"), 422, "workdir", "an absolute path"),
+    Bad("workdir-int", body(workdir=1), 422, "workdir", "Expected `str`"),
+    Bad("time-limit-0", body(time_limit_s=0), 422, "time_limit_s", "> 0"),
+    Bad("time-limit-string", body(time_limit_s="1h"), 422, "time_limit_s", "Expected `float | null`"),
+    Bad("processes-bad", body(processes="per_core"), 422, "processes", "Invalid enum value 'per_core'"),
+    Bad("slurm-env-string", body(slurm_env="yes"), 422, "slurm_env", "Expected `bool`"),
     # -- shape rules that hold on any topology (checked with and without nodes registered)
     Bad("not-multiple", body(gpus=6, gpus_per_node=4), 422, "gpus", "6 is not a multiple of gpus_per_node 4"),
     Bad("not-multiple-static", body(gpus=6, gpus_per_node=4), 422, "gpus", "not a multiple", topo=None),
@@ -210,6 +227,30 @@ def test_job_spec_carries_the_body() -> None:
     assert spec.id == "j1" and spec.nvlink is Need.PREFERRED and spec.segment == 2 and spec.level == "domain"
     assert (spec.priority, spec.exclusive, spec.checkpointable) == (5, True, True)
     assert spec.expected_runtime_s == 30  # defaults to duration_s
+
+
+@pytest.mark.parametrize(
+    ("estimate", "limit", "planned"),
+    [(None, None, 30), (600, None, 600), (600, 120, 120), (None, 3600, 30), (50, 60, 50)],
+)
+def test_planning_never_runs_past_the_time_limit(estimate: float | None, limit: float | None, planned: float) -> None:
+    result = validate(body(duration_s=30, expected_runtime_s=estimate, time_limit_s=limit), NVL72x2)
+    assert not isinstance(result, ApiError), result
+    assert result[1].expected_runtime_s == planned
+
+
+def test_launch_settings_are_accepted_and_carried() -> None:
+    data = body(env={"OMP_NUM_THREADS": "8", "NCCL_MNNVL_ENABLE": "0"}, workdir="/shared/run", time_limit_s=60,
+                processes="per_gpu", slurm_env=True)  # fmt: skip
+    result = validate(data, NVL72x2)
+    assert not isinstance(result, ApiError), result
+    assert launch_of(result[0]) == Launch(
+        env={"OMP_NUM_THREADS": "8", "NCCL_MNNVL_ENABLE": "0"},
+        workdir="/shared/run",
+        time_limit_s=60,
+        processes="per_gpu",
+        slurm_env=True,
+    )
 
 
 @pytest.mark.parametrize(

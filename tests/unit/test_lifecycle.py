@@ -196,6 +196,16 @@ def test_an_exit_before_its_start_waits() -> None:
     assert after is not None and after.exit_codes == {"n1/1": 0} and after.state is JobState.PLACED
 
 
+def test_a_rank_stopped_at_the_time_limit_fails_the_job_with_that_reason() -> None:
+    running = STATES["running"]
+    limited = RankExited(**{**msgspec.structs.asdict(_exit(0, -15)), "time_limit": True, "reason": "stopped"})
+    after = lifecycle.exited(running, limited, NOW)
+    assert after is not None and (after.state, after.reason) == (JobState.FAILED, lifecycle.TIME_LIMIT)
+    assert after.exit_codes == {"n0/0": -15} and after.ended_at == NOW
+    # the other node's rank, stopped by the release, changes nothing after
+    assert lifecycle.exited(after, _exit(1, -15), NOW) is None
+
+
 def _replay(rec: JobRecord, steps: list[Transition]) -> JobRecord:
     for step in steps:
         rec = step(rec) or rec
