@@ -63,6 +63,10 @@ class JobView(msgspec.Struct, kw_only=True):
     attempt: int
     exit_codes: dict[str, int]  # "node/rank" → exit code
     trace_id: str = ""  # the job's trace (32 hex digits; "" when the submit carried none), for a Jaeger link
+    # how its processes start (the body's; its env is not echoed back: it may hold credentials)
+    time_limit_s: float | None = None
+    processes: str = "per_node"
+    workdir: str = ""
 
 
 class JobList(msgspec.Struct, kw_only=True):

@@ -216,6 +216,12 @@ def describe_job(j: dict[str, Any], now: float) -> str:
         ("attempt", str(j.get("attempt", 0))),
         ("submitted", f"{ago(j.get('submitted_at'), now)} ago"),
     ]
+    launch = [f"one process per {'GPU' if j.get('processes') == 'per_gpu' else 'node'}"]
+    if j.get("time_limit_s"):
+        launch.append(f"time limit {span(j['time_limit_s'])}")
+    if j.get("workdir"):
+        launch.append(f"in {j['workdir']}")
+    rows.insert(next(i for i, (k, _) in enumerate(rows) if k == "shape") + 1, ("launch", ", ".join(launch)))
     started, ended = j.get("started_at"), j.get("ended_at")
     if started:
         rows.append(("started", f"{ago(started, now)} ago"))

@@ -58,6 +58,9 @@ def job_view(rec: JobRecord, domain_of: Mapping[str, str]) -> JobView:
         attempt=rec.attempt,
         exit_codes=dict(rec.exit_codes),
         trace_id=trace_id(rec.trace),
+        time_limit_s=s.time_limit_s,
+        processes=s.processes,
+        workdir=s.workdir,
     )
 
 

@@ -383,7 +383,8 @@ def test_commands_over_http(api: tuple[str, type[_Canned]]) -> None:
         "reason": "needs 16 nodes in one NVLink domain; the largest free run is 10 nodes",
     }  # fmt: skip
     running = dict(
-        job, id=JOB_B, state="running", reason="", attempt=1, started_at=2.0,
+        job, id=JOB_B, state="running", reason="", attempt=1, started_at=2.0, processes="per_gpu",
+        time_limit_s=7200.0, workdir="/shared/run",
         allocation=[{"domain": "d00", "node": f"d00-n{i:02d}", "gpus": [0, 1, 2, 3]} for i in range(16)],
     )  # fmt: skip
     handler.routes.update(
@@ -416,8 +417,10 @@ def test_commands_over_http(api: tuple[str, type[_Canned]]) -> None:
 
     code, out, _ = run_cli("job", JOB_A, "--url", url)
     assert code == 0 and "pending reason  needs 16 nodes in one NVLink domain" in out
+    assert "launch          one process per node\n" in out
     code, out, _ = run_cli("job", JOB_B, "--url", url)
     assert code == 0 and "allocation  16 nodes in 1 domain(s)" in out and "d00-n15[0-3]" in out
+    assert "launch      one process per GPU, time limit 2h, in /shared/run" in out
     code, out, _ = run_cli("job", JOB_B, "--json", "--url", url)
     assert json.loads(out)["state"] == "running"
 
