@@ -9,7 +9,10 @@ import argparse
 import asyncio
 import functools
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import msgspec
 
 from services.agent.backends import GpuBackend, NvmlUnavailableError, SimBackend, make_backend
 from services.agent.faults import FaultPlanError, faults_for, load_plan
@@ -18,6 +21,7 @@ from services.agent.process import agent_deps, agent_settings
 from services.agent.service import AgentService
 from shared.core.topology_io import DEFAULT_DOMAIN_LABEL, LabelError, fabric_from_labels
 from shared.runtime import run, setup_logging
+from shared.schemas import AgentRegister
 from shared.settings import Settings
 
 
@@ -40,7 +44,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--register-every", type=int, default=10, help="re-register every N heartbeats")
     p.add_argument("--stop-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--log-dir", type=Path, default=None, help="write each rank's output to a file here")
+    p.add_argument(
+        "--addr",
+        default="",
+        help="where a job's other nodes reach this one: its MASTER_ADDR when it is node 0 (default: the node "
+        "name; a simulated node 127.0.0.1)",
+    )
     return p
+
+
+def _relabels(*fns: Callable[[AgentRegister], AgentRegister] | None) -> Callable[[AgentRegister], AgentRegister] | None:
+    chosen = [f for f in fns if f is not None]
+    if not chosen:
+        return None
+    return functools.reduce(lambda f, g: lambda reg: g(f(reg)), chosen)
 
 
 async def _serve(settings: Settings, backend: GpuBackend, args: argparse.Namespace) -> None:
@@ -50,6 +67,9 @@ async def _serve(settings: Settings, backend: GpuBackend, args: argparse.Namespa
         labels = await read_node_labels(backend.node)
         fabric = fabric_from_labels(backend.node, labels, domain_label=args.domain_label)
         relabel = functools.partial(with_fabric, fabric=fabric)
+    addr = args.addr
+    with_addr = (lambda reg: msgspec.structs.replace(reg, addr=addr)) if addr else None
+    relabel = _relabels(relabel, with_addr)
     deps = await agent_deps(settings, AgentService.name)
     agent = AgentService(
         deps,

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.agent.backends import (
@@ -188,3 +189,19 @@ def test_nvml_driver_failure_is_the_clear_error() -> None:
         NvmlBackend(nvml=fake_pynvml(init_error=True))
     with pytest.raises(NvmlUnavailableError, match="no GPU"):
         NvmlBackend(nvml=fake_pynvml(0))
+
+
+def test_a_nodes_address_is_what_its_registration_says() -> None:
+    """Simulated nodes meet on this machine; `--addr` (the DaemonSet passes the host IP) overrides any backend's,
+    after a Kubernetes relabel, so a job's MASTER_ADDR is reachable whether or not node names resolve."""
+    from services.agent.__main__ import _relabels, build_parser
+
+    sim = SimBackend("d00-n00", "d00")
+    assert sim.describe().addr == "127.0.0.1"
+    assert build_parser().parse_args([]).addr == ""
+    bump = _relabels(
+        lambda r: msgspec.structs.replace(r, clique_id=7), lambda r: msgspec.structs.replace(r, addr="10.0.0.9")
+    )
+    assert bump is not None and _relabels(None, None) is None
+    reg = bump(sim.describe())
+    assert (reg.clique_id, reg.addr) == (7, "10.0.0.9")
