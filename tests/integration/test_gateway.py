@@ -272,6 +272,9 @@ async def test_get_job_shows_the_record(gw: Gw) -> None:
         "attempt": 1,
         "exit_codes": {"n1/0": 0, "n2/1": 0},
         "trace_id": "4bf92f3577b34da6a3ce929d0e0e4736",  # the submit's trace, for the dashboard's Jaeger link
+        "time_limit_s": None,
+        "processes": "per_node",
+        "workdir": "",
     }
     missing = await gw.client.get("/v1/jobs/nope")
     assert missing.status == 404 and await missing.json() == {"error": "unknown job nope", "field": None}
