@@ -173,6 +173,8 @@ class Bus:
                 num_replicas=replicas,
                 duplicate_window=DUPLICATE_WINDOW_S,
                 max_msgs_per_subject=spec.per_subject or -1,
+                max_bytes=spec.max_bytes or -1,
+                max_age=spec.max_age_s or None,
             )
             try:
                 await self.js.stream_info(spec.name)

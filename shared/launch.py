@@ -141,16 +141,26 @@ def _nodes(cmd: StartRank) -> list[NodeGpus]:
     return cmd.nodes or [NodeGpus(cmd.node, cmd.gpus)]
 
 
+def _ranks(cmd: StartRank) -> tuple[int, int]:
+    """(processes on the nodes before this one, processes in the job)."""
+    if cmd.nodes:
+        counts = [len(ng.gpus) if cmd.launch.processes == "per_gpu" else 1 for ng in cmd.nodes]
+        return sum(counts[: cmd.rank]), sum(counts)
+    # a StartRank from before the whole allocation rode along: the other nodes taken to be like this one
+    return cmd.rank * processes_on(cmd), cmd.world_size * processes_on(cmd)
+
+
+def global_rank(cmd: StartRank, local_rank: int = 0) -> int:
+    """The RANK of this node's `local_rank`th process."""
+    return _ranks(cmd)[0] + local_rank
+
+
 def process_env(cmd: StartRank, local_rank: int = 0) -> dict[str, str]:
     """The contract's variables for one process (`local_rank` on this node), hints and the job's env included;
     the caller puts them over the agent's own environment."""
     nodes = _nodes(cmd)
     node_rank = cmd.rank
-    if cmd.nodes:
-        counts = [len(ng.gpus) if cmd.launch.processes == "per_gpu" else 1 for ng in nodes]
-        before, world = sum(counts[:node_rank]), sum(counts)
-    else:  # a StartRank from before the whole allocation rode along: the other nodes taken to be like this one
-        before, world = node_rank * processes_on(cmd), cmd.world_size * processes_on(cmd)
+    before, world = _ranks(cmd)
     domains = list(cmd.domains) or [""] * len(nodes)
     domain = domains[node_rank] if node_rank < len(domains) else ""
     shared_domain = domains[0] if domains and all(d and d == domains[0] for d in domains) else ""

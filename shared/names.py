@@ -16,6 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# A process's log (shared/rank_log.py): chunks of up to LOG_CHUNK_BYTES (or a second of lines), the newest
+# LOG_CHUNKS_PER_RANK kept per rank (so at most 16 MiB a rank), every log at most a week, 1 GiB in all.
+LOG_CHUNK_BYTES = 16 * 1024
+LOG_CHUNKS_PER_RANK = 1024
+LOG_STREAM_MAX_BYTES = 1 << 30
+LOG_MAX_AGE_S = 7 * 24 * 3600.0
+
 
 @dataclass(frozen=True, slots=True)
 class StreamSpec:
@@ -24,6 +31,8 @@ class StreamSpec:
     # streams whose loss loses accepted work are synced to disk on every write (see README, durability)
     sync_always: bool
     per_subject: int = 0  # keep only the newest N messages per subject (a record per subject); 0: all
+    max_bytes: int = 0  # the stream's size bound, oldest dropped first; 0: none
+    max_age_s: float = 0.0  # messages older than this are dropped; 0: kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +110,16 @@ class Names:
     def migration_records_all(self) -> str:
         return f"{self.prefix}.migrations.>"
 
+    def job_log(self, job_id: str, attempt: int, rank: int) -> str:
+        return f"{self.prefix}.logs.{job_id}.{attempt}.{rank}"  # agent → anyone: LogChunk (a process's output)
+
+    def job_logs(self, job_id: str, attempt: int | str = "*", rank: int | str = "*") -> str:
+        return f"{self.prefix}.logs.{job_id}.{attempt}.{rank}"  # a job's logs ("*": every attempt, every rank)
+
+    @property
+    def logs_all(self) -> str:
+        return f"{self.prefix}.logs.>"
+
     # -- subjects: core NATS (fire-and-forget or request/reply) --------------------------------------------
     @property
     def agent_register(self) -> str:
@@ -144,6 +163,15 @@ class Names:
             StreamSpec(self._stream("DLQ"), (f"{self.prefix}.dlq.>",), sync_always=False),
             # one MigrationRecord per move, the newest only: what a restarted migration service resumes from
             StreamSpec(self._stream("MIGRATIONS"), (self.migration_records_all,), sync_always=True, per_subject=1),
+            # each process's output: the newest LOG_CHUNKS_PER_RANK chunks per rank, a week, 1 GiB in all
+            StreamSpec(
+                self._stream("LOGS"),
+                (self.logs_all,),
+                sync_always=False,
+                per_subject=LOG_CHUNKS_PER_RANK,
+                max_bytes=LOG_STREAM_MAX_BYTES,
+                max_age_s=LOG_MAX_AGE_S,
+            ),
         )
 
     def stream_for(self, subject: str) -> str:

@@ -96,6 +96,11 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
             n.node_admin,
             # a job without a record is "not yet" while the queue's submit consumer has submits to handle
             f"{JS_API}.CONSUMER.INFO.{stream(n.job_submit)}.{n.consumer('queue', 'submit')}",
+            # a job's logs read back through ordered consumers
+            f"{JS_API}.CONSUMER.CREATE.{stream(n.logs_all)}",
+            f"{JS_API}.CONSUMER.DELETE.{stream(n.logs_all)}.*",
+            f"$JS.FC.{stream(n.logs_all)}.>",
+            f"{JS_API}.STREAM.MSG.GET.{stream(n.logs_all)}",
         ],
         # a node's last verdict is read back from the log (`get_last_msg`) when Redis lost its record
         # it speaks for an agent whose ranks are gone (their lost exits) and stops ranks whose attempt is over
@@ -122,7 +127,7 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
             f"{JS_API}.CONSUMER.CREATE.{stream(n.migration_records_all)}",
             f"{JS_API}.CONSUMER.DELETE.{stream(n.migration_records_all)}.*",
         ],
-        "agent": [n.agent_register, n.agent_heartbeat, n.agent_events, n.telemetry("*")],
+        "agent": [n.agent_register, n.agent_heartbeat, n.agent_events, n.telemetry("*"), n.logs_all],
     }
     subscribe: dict[str, list[str]] = {
         "gateway": [n.job_events_all, n.node_events],  # server-sent events

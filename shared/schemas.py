@@ -560,6 +560,21 @@ class DeadLetter(msgspec.Struct, tag="dead.letter", kw_only=True, frozen=True):
     at: float
 
 
+class LogChunk(msgspec.Struct, tag="log.chunk", kw_only=True, frozen=True):
+    """agent → anyone, on `names.job_log(job, attempt, rank)` (LOGS): the next lines a process wrote (stdout and
+    stderr together), in order (shared/rank_log.py)."""
+
+    job_id: str
+    attempt: int
+    rank: int  # the process's RANK (per GPU: one of the node's)
+    node: str
+    n: int  # the chunk's index in this process's log: 0, 1, 2, ...
+    first_line: int  # the index of its first line in what the process wrote (dropped lines counted)
+    text: str  # whole lines, each ending in "\n"
+    dropped: int = 0  # lines the agent dropped just before these (the process wrote faster than they shipped)
+    at: float = 0.0
+
+
 # One decoder per union, built once.
 JOB_INTAKE = msgspec.msgpack.Decoder(JobIntake)
 ORDERS = msgspec.msgpack.Decoder(Order)
@@ -569,6 +584,7 @@ TELEMETRY = msgspec.msgpack.Decoder(Telemetry)
 EVENTS = msgspec.msgpack.Decoder(Event)
 NODE_ADMIN = msgspec.msgpack.Decoder(NodeAdmin)
 ADMIN_REPLY = msgspec.msgpack.Decoder(AdminReply)
+LOG_CHUNK = msgspec.msgpack.Decoder(LogChunk)
 JOB_RECORD = msgspec.msgpack.Decoder(JobRecord)
 ALLOCATION_RECORD = msgspec.msgpack.Decoder(AllocationRecord)
 NODE_RECORD = msgspec.msgpack.Decoder(NodeRecord)

@@ -18,11 +18,12 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Protocol
 
 from shared import launch as launch_contract
+from shared.rank_log import LINE_MAX_BYTES
 from shared.schemas import StartRank
 
 # Exit codes for ranks that never ran (the shell's conventions).
@@ -54,16 +55,27 @@ class Rank(Protocol):
         ...
 
 
+OutputSink = Callable[[int, bytes], None]  # (the process's local rank, one line as it wrote it, no newline)
+READ_CHUNK = 1 << 16
+OUTPUT_TAIL_S = 2.0  # after the process exits, how long its output may still drain (a child holding the pipe)
+
+
 class ProcessRank:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, reader: asyncio.Task[None] | None = None) -> None:
         self.proc = proc
+        self.reader = reader  # the task reading its output, when captured
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     async def wait(self) -> int:
-        return await self.proc.wait()
+        """The exit code, once the process's output is read too (or OUTPUT_TAIL_S after it exited)."""
+        code = await self.proc.wait()
+        if self.reader is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.reader), OUTPUT_TAIL_S)
+        return code
 
     def _signal_group(self, sig: signal.Signals) -> None:
         # The rank leads its own session, so its pgid is its pid. The group can outlive the leader (a
@@ -145,12 +157,14 @@ async def launch(
     log_path: Path | None = None,
     cwd: Path | None = None,
     stop_grace_s: float = 10.0,
+    output: OutputSink | None = None,
 ) -> Rank:
     """Start the rank: one process, or one per GPU (`per_gpu`). Raises LaunchError (with the exit code to
     report) when it can't run at all; a `per_gpu` group whose later process can't start stops those started.
 
-    Output goes to `log_path` (appended: a retry of the same attempt keeps the first run's lines) or,
-    without one, to the agent's own stdout/stderr. The job's `workdir`, when it names one, is the cwd.
+    Output (stdout and stderr, one pipe) goes to `output` line by line, read as fast as the process writes it,
+    and to `log_path` too (appended: a retry of the same attempt keeps the first run's lines); with neither,
+    to the agent's own stdout/stderr. The job's `workdir`, when it names one, is the cwd.
     """
     if not cmd.command:
         if simulated:
@@ -163,7 +177,7 @@ async def launch(
     try:
         for local_rank in range(launch_contract.processes_on(cmd)):
             env = rank_env(cmd, base_env, local_rank)
-            started.append(await _start_process(cmd, env, workdir, log_path))
+            started.append(await _start_process(cmd, env, workdir, log_path, output, local_rank))
     except LaunchError:
         await asyncio.gather(*(r.stop(0.0) for r in started))
         raise
@@ -171,20 +185,26 @@ async def launch(
 
 
 async def _start_process(
-    cmd: StartRank, env: Mapping[str, str], cwd: Path | None, log_path: Path | None
+    cmd: StartRank,
+    env: Mapping[str, str],
+    cwd: Path | None,
+    log_path: Path | None,
+    output: OutputSink | None = None,
+    local_rank: int = 0,
 ) -> ProcessRank:
     out: IO[bytes] | None = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         out = log_path.open("ab")
+    piped = output is not None
     try:
         proc = await asyncio.create_subprocess_exec(
             *cmd.command,
             env=dict(env),
             cwd=cwd,
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=out,
-            stderr=asyncio.subprocess.STDOUT if out is not None else None,
+            stdout=asyncio.subprocess.PIPE if piped else out,
+            stderr=asyncio.subprocess.STDOUT if piped or out is not None else None,
             start_new_session=True,
         )
     except FileNotFoundError as e:
@@ -194,6 +214,30 @@ async def _start_process(
     except OSError as e:
         raise LaunchError(EXIT_CANNOT_EXECUTE, f"command could not start: {e}") from e
     finally:
-        if out is not None:
+        if out is not None and not piped:
             out.close()  # the child holds its own copy
-    return ProcessRank(proc)
+    if output is None or proc.stdout is None:
+        return ProcessRank(proc)
+    reader = asyncio.create_task(_pump(proc.stdout, local_rank, output, out), name=f"rank-output:{cmd.job_id}")
+    return ProcessRank(proc, reader)
+
+
+async def _pump(stream: asyncio.StreamReader, local_rank: int, sink: OutputSink, file: IO[bytes] | None) -> None:
+    """Read the process's output until it closes, line by line into `sink` (a line longer than LINE_MAX_BYTES is
+    handed over in parts as it comes), and into `file` as written."""
+    carry = b""
+    try:
+        while data := await stream.read(READ_CHUNK):
+            if file is not None:
+                file.write(data)
+            *lines, carry = (carry + data).split(b"\n")
+            for line in lines:
+                sink(local_rank, line)
+            if len(carry) >= LINE_MAX_BYTES:
+                sink(local_rank, carry)
+                carry = b""
+        if carry:
+            sink(local_rank, carry)
+    finally:
+        if file is not None:
+            file.close()

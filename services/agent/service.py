@@ -44,6 +44,7 @@ from typing import Any
 import msgspec
 
 from services.agent.backends import GpuBackend
+from services.agent.logs import LogShipper
 from services.agent.runner import LaunchError, Rank, launch
 from shared.lifecycle import TIME_LIMIT
 from shared.runtime import Deps, Service
@@ -78,6 +79,7 @@ class RankRun:
     lost: bool = False  # stopped by the agent's own shutdown
     checkpointed: bool = False  # stopped by a checkpoint stop (a move): its exit acknowledges the checkpoint
     time_limit: bool = False  # stopped here at the job's time limit
+    logs: LogShipper | None = None  # its processes' output on its way to the log
     started_at: float = 0.0
     ended_at: float = 0.0
     exit_stored: bool = False  # its RankExited is in JetStream: the reports may leave it out
@@ -280,12 +282,20 @@ class AgentService(Service):
         self.runs[key] = run
         self._forget_old()
         log_path = self.log_dir / f"{cmd.job_id}.{cmd.attempt}.{cmd.rank}.log" if self.log_dir else None
+        run.logs = LogShipper(self.bus, cmd, self.now) if cmd.command else None
         try:
             run.rank = await launch(
-                cmd, simulated=self.backend.simulated, log_path=log_path, stop_grace_s=self.stop_grace_s
+                cmd,
+                simulated=self.backend.simulated,
+                log_path=log_path,
+                stop_grace_s=self.stop_grace_s,
+                output=run.logs.sink if run.logs is not None else None,
             )
         except LaunchError as e:
             log.warning("%s: %s:%d could not start: %s", self.node, *key, e)
+            if run.logs is not None:
+                run.logs.sink(0, f"[rackscale: could not start: {e}]".encode())
+                await run.logs.close()
             self._finish(run, e.code, str(e))
             self._watch(self._publish_exit(run))
             return run
@@ -337,6 +347,8 @@ class AgentService(Service):
         )
         await self._publish(started, f"{cmd.job_id}:{cmd.attempt}:{cmd.rank}:start", run.trace)
         code = await self._wait_within_limit(run)
+        if run.logs is not None:
+            await run.logs.close()  # the log is whole before the exit is told
         self._finish(run, code, exit_reason(code, run.stop_reason))
         log.info("%s: %s:%d rank %d %s", self.node, cmd.job_id, cmd.attempt, cmd.rank, run.reason)
         await self._publish_exit(run)

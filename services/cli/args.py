@@ -23,6 +23,13 @@ def positive_int(raw: str) -> int:
     return value
 
 
+def non_negative_int(raw: str) -> int:
+    value = _number(raw, int, "a whole number")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def port(raw: str) -> int:
     value = _number(raw, int, "a port number")
     if not 0 <= value <= 65535:

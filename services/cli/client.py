@@ -13,7 +13,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,16 +102,45 @@ class Client:
     ) -> Response:
         data = json.dumps(body).encode() if body is not None else None
         hdrs = {"Accept": "application/json", **(headers or {})}
-        if self.token:
-            hdrs["Authorization"] = f"Bearer {self.token}"
         if data is not None:
             hdrs["Content-Type"] = "application/json"
-        req = urllib.request.Request(self.url(path, query), data=data, method=method, headers=hdrs)
+        with self._open(method, path, query, hdrs, data) as resp:
+            try:
+                status, raw = resp.status, resp.read()
+            except OSError as e:  # a reset while reading the answer
+                raise self._unreachable(e) from None
+        try:
+            return Response(status, json.loads(raw) if raw else None, raw)
+        except ValueError:
+            raise CliError(f"error: {self.base} answered {status} with something that isn't JSON") from None
+
+    def lines(self, path: str, query: Mapping[str, object] | None = None) -> Iterator[str]:
+        """A text answer's lines as they come (a followed log: the answer stays open), each with its newline."""
+        with self._open("GET", path, query, {"Accept": "text/plain"}, None, timeout=None) as resp:
+            try:
+                while raw := resp.readline():
+                    yield raw.decode("utf-8", "replace")
+            except OSError as e:
+                raise self._unreachable(e) from None
+
+    def _open(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, object] | None,
+        headers: dict[str, str],
+        data: bytes | None,
+        timeout: float | None = -1.0,
+    ) -> Any:
+        """The open answer (a context manager), after waiting out 503s with Retry-After for reads and cancels;
+        an error answer raises ApiError, no answer CliError. `timeout` None: no limit (a followed stream)."""
+        if self.token:
+            headers = {**headers, "Authorization": f"Bearer {self.token}"}
+        req = urllib.request.Request(self.url(path, query), data=data, method=method, headers=headers)
+        limit = self.timeout_s if timeout == -1.0 else timeout
         for attempt in range(self.retries + 1):
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    status, raw = resp.status, resp.read()
-                break
+                return urllib.request.urlopen(req, timeout=limit)
             except urllib.error.HTTPError as e:
                 wait = _retry_after(e) if method in ("GET", "DELETE") and attempt < self.retries else None
                 if wait is None:
@@ -120,12 +149,9 @@ class Client:
                 self.sleep(wait)
             except urllib.error.URLError as e:
                 raise self._unreachable(e.reason) from None
-            except OSError as e:  # a timeout, or a reset while reading the answer
+            except OSError as e:  # a timeout
                 raise self._unreachable(e) from None
-        try:
-            return Response(status, json.loads(raw) if raw else None, raw)
-        except ValueError:
-            raise CliError(f"error: {self.base} answered {status} with something that isn't JSON") from None
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _unreachable(self, reason: object) -> CliError:
         if isinstance(reason, ConnectionRefusedError):

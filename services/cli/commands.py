@@ -261,6 +261,14 @@ def cancel(args: argparse.Namespace, client: Client, out: Out) -> int:
     return 0
 
 
+def logs(args: argparse.Namespace, client: Client, out: Out) -> int:
+    """What the job's processes wrote; `-f` goes on as they write until the job has ended."""
+    query = {"rank": args.rank, "tail": args.tail, "attempt": args.attempt, "follow": "true" if args.follow else None}
+    for line in client.lines(f"/v1/jobs/{quote(args.id)}/logs", query):
+        out(line.removesuffix("\n"))
+    return 0
+
+
 # -- cluster and nodes -----------------------------------------------------------------------------------------
 
 
@@ -304,6 +312,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client, Out], int]] = {
     "jobs": jobs,
     "job": job,
     "cancel": cancel,
+    "logs": logs,
     "cluster": cluster,
     "drain": drain,
     "undrain": undrain,

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from services.cli.args import env_pair, port, positive_int, seconds
+from services.cli.args import env_pair, non_negative_int, port, positive_int, seconds
 from shared.core import POLICIES
 
 Out = Callable[[str], None]
@@ -86,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     j = sub.add_parser("job", parents=[api], help="one job: state, pending reason, allocation")
     j.add_argument("id")
+    lg = sub.add_parser("logs", parents=[api], help="what a job's processes wrote (stdout and stderr)")
+    lg.add_argument("id")
+    lg.add_argument("-f", "--follow", action="store_true", help="go on as they write, until the job has ended")
+    lg.add_argument("--rank", type=non_negative_int, default=None, help="one process's (RANK) alone")
+    lg.add_argument("--tail", type=non_negative_int, default=None, help="the last N lines")
+    lg.add_argument("--attempt", type=positive_int, default=None, help="an earlier attempt's (default the latest)")
     c = sub.add_parser("cancel", parents=[api], help="cancel a job")
     c.add_argument("id")
     sub.add_parser("cluster", parents=[api], help="the fleet, one row of GPUs per NVLink domain")

@@ -134,6 +134,40 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             "503": _error("the bus is unavailable"),
         },
     },
+    ("get", "/v1/jobs/{id}/logs"): {
+        "operationId": "getJobLogs",
+        "summary": "What a job's processes wrote (stdout and stderr), as text; `follow` streams it as it ships",
+        "description": "Lines of an attempt (default the latest), in the order they shipped. Without `rank` each "
+        "line starts with `<rank>: `. Missing lines are marked: `[rackscale: N lines dropped: ...]`. Kept a week "
+        "at most, the newest 1,024 chunks (at most 16 MiB) a process.",
+        "tags": ["jobs"],
+        "parameters": [
+            _JOB_ID,
+            {"name": "rank", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}},
+            {"name": "tail", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 0}},
+            {
+                "name": "since",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "number", "minimum": 0},
+                "description": "lines shipped from this Unix time on",
+            },
+            {"name": "attempt", "in": "query", "required": False, "schema": {"type": "integer", "minimum": 1}},
+            {
+                "name": "follow",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "boolean"},
+                "description": "keep the answer open and send lines as they ship, until the job has ended",
+            },
+        ],
+        "responses": {
+            "200": {"description": "the lines", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            "404": _error("unknown job, or another tenant's"),
+            "422": _error("a bad parameter; `field` names it"),
+            "503": _error("the job is not recorded yet, or the bus is unavailable"),
+        },
+    },
     ("get", "/v1/cluster"): {
         "operationId": "getCluster",
         "summary": "Domains, nodes and GPUs with health, owners, allocations and utilisation",

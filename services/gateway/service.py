@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
@@ -21,6 +22,7 @@ import nats.js.errors
 import redis.exceptions
 from aiohttp import web
 from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from services.gateway import auth, dashboard, openapi, views
 from services.gateway.auth import Principal, Tokens
@@ -28,11 +30,14 @@ from services.gateway.metrics import cluster_metrics
 from services.gateway.validation import ApiError, check_job, decode_job, decode_json
 from shared import api
 from shared.core import Topology
+from shared.joblog import read_log
 from shared.metrics import metrics_response
+from shared.rank_log import LogText
 from shared.runtime import Deps, Service
 from shared.schemas import (
     ADMIN_REPLY,
     EVENTS,
+    LOG_CHUNK,
     TERMINAL,
     JobBody,
     JobCancel,
@@ -40,6 +45,7 @@ from shared.schemas import (
     JobRecord,
     JobState,
     JobSubmitted,
+    LogChunk,
     NodeAdmin,
     NodeChanged,
 )
@@ -64,6 +70,8 @@ DEFAULT_PAGE = 50
 # is checked again against the current one. Without any node registered the current one is always read.
 SUBMIT_TOPOLOGY_MAX_AGE_S = 1.0
 VIEW_RETRY_AFTER_S = 1  # what a 503 during a rebuild of the view asks a client to wait
+FOLLOW_POLL_S = 1.0  # a log follower with nothing new looks at the job's state this often
+FOLLOW_END_S = 2.0  # ... and stops this long after the job ended with nothing more shipped
 SSE_QUEUE = 1024  # frames buffered per SSE client; a client further behind is disconnected (it reconnects)
 
 DRAIN_BODY = msgspec.json.Decoder(api.DrainBody)
@@ -234,6 +242,75 @@ class Gateway:
         if rec is None:
             return error_response(404, f"unknown job {job_id}")
         return json_response(views.job_view(rec, await self.domain_of()))
+
+    async def logs(self, request: web.Request) -> web.StreamResponse:
+        """GET /v1/jobs/{id}/logs: what the job's processes wrote (an attempt's; default the latest), as text.
+        `rank` one process's alone (else each line starts with "<rank>: "), `tail` the last N lines, `since` lines
+        shipped from that Unix time on, `follow` keeps the answer open and sends lines as they ship until the job
+        has ended. Another tenant's job answers 404."""
+        job_id, rec = await self._visible_job(request)
+        if rec is None:
+            return error_response(404, f"unknown job {job_id}")
+        q = request.query
+        parsed = _log_query(q, rec.attempt)
+        if isinstance(parsed, web.Response):
+            return parsed
+        rank, tail, since, attempt = parsed
+        follow = q.get("follow", "").lower() in ("1", "true", "yes")
+        names = self.deps.names
+        subject = names.job_logs(job_id, attempt, "*" if rank is None else rank)
+        stream = names.stream_for(names.logs_all)
+        text = LogText(prefix=rank is None)
+        lines: list[str] = []
+        last_seq = 0
+        async for entry in read_log(self.deps.bus.js, stream, subject):
+            last_seq = entry.seq
+            chunk = _chunk(entry.data)
+            if chunk is not None and chunk.at >= since:
+                lines += text.add(chunk)
+        if tail is not None:
+            lines = lines[-tail:] if tail else []
+        if not follow:
+            return web.Response(text="".join(lines), content_type="text/plain", charset="utf-8")
+        resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        await resp.write("".join(lines).encode())
+        await self._follow_logs(resp, job_id, stream, subject, last_seq, text)
+        return resp
+
+    async def _follow_logs(
+        self, resp: web.StreamResponse, job_id: str, stream: str, subject: str, after: int, text: LogText
+    ) -> None:
+        """Lines as they ship, until the job has ended and FOLLOW_END_S passed without one (its last lines ship
+        before its end is told), or the client goes away."""
+        came: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_msg(m: Msg) -> None:
+            chunk = _chunk(m.data)
+            if chunk is not None:
+                came.put_nowait("".join(text.add(chunk)).encode())
+
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1)
+        sub = await self.deps.bus.js.subscribe(subject, stream=stream, cb=on_msg, ordered_consumer=True, config=config)
+        try:
+            quiet_since: float | None = None
+            while True:
+                try:
+                    await resp.write(await asyncio.wait_for(came.get(), FOLLOW_POLL_S))
+                    quiet_since = None
+                    continue
+                except TimeoutError:
+                    pass
+                rec = await self.deps.store.get_job(job_id)
+                if rec is None or rec.state in TERMINAL:
+                    quiet_since = quiet_since or time.monotonic()
+                    if time.monotonic() - quiet_since >= FOLLOW_END_S:
+                        return
+        except ConnectionResetError:
+            pass  # the client went away
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def list_jobs(self, request: web.Request) -> web.Response:
         q = request.query
@@ -426,6 +503,7 @@ def routes(gw: Gateway, spec: bytes) -> list[tuple[str, str, Handler]]:
         ("POST", "/v1/nodes/{id}/undrain", gw.undrain),
         ("POST", "/v1/nodes/{id}/clear-health", gw.clear_health),
         ("GET", "/v1/events", gw.events),
+        ("GET", "/v1/jobs/{id}/logs", gw.logs),
         ("GET", "/openapi.json", openapi_json),
         ("GET", "/healthz", gw.healthz),
         ("GET", "/readyz", gw.readyz),
@@ -463,6 +541,37 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 
 
 GATEWAY = web.AppKey("gateway", Gateway)
+
+
+def _chunk(data: bytes) -> LogChunk | None:
+    try:
+        return LOG_CHUNK.decode(data)
+    except msgspec.DecodeError:
+        return None  # not a chunk: nothing a reader can show
+
+
+def _log_query(q: Any, latest: int) -> tuple[int | None, int | None, float, int] | web.Response:
+    """(rank, tail, since, attempt) of a logs request, or the 422 naming the bad one."""
+    values: dict[str, float | int | None] = {}
+    for name, parse, low in (("rank", int, 0), ("tail", int, 0), ("since", float, 0.0), ("attempt", int, 1)):
+        if name not in q:
+            values[name] = None
+            continue
+        try:
+            value = parse(q[name])
+        except ValueError:
+            kind = "a whole number" if parse is int else "a number"
+            return error_response(422, f"{name}: must be {kind}, got {q[name]!r}", name)
+        if not value >= low:
+            return error_response(422, f"{name}: must be at least {low}, got {value}", name)
+        values[name] = value
+    rank, tail, attempt = values["rank"], values["tail"], values["attempt"]
+    return (
+        int(rank) if rank is not None else None,
+        int(tail) if tail is not None else None,
+        float(values["since"] or 0.0),
+        int(attempt) if attempt is not None else latest,
+    )
 
 
 def _page(q: Any) -> tuple[dict[str, int], web.Response | None]:

@@ -9,6 +9,7 @@ rank prints it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from services.cli.main import main as cli_main
 from shared.launch import hostlist
 from tests.e2e.conftest import E2E, StackFactory, wait_until
 
@@ -100,6 +102,55 @@ async def test_ranks_meet_with_the_contracts_variables_alone(
     # one NVLink domain, and said so; the job's own env and workdir
     assert {(s["RACKSCALE_NVLINK_DOMAIN"], s["NCCL_MNNVL_ENABLE"]) for s in seen} == {("d00", "1")}
     assert {(s["OMP_NUM_THREADS"], s["cwd"]) for s in seen} == {("2", str(tmp_path))}
+    # every rank's line in the log, through the API and the CLI
+    said = {f"rank {r} of {world}: total {sum(range(world))}\n" for r in range(world)}
+    async with e2e.http.get(f"{e2e.url}/v1/jobs/{job['id']}/logs") as r:
+        assert r.status == 200 and r.content_type == "text/plain"
+        lines = (await r.text()).splitlines(keepends=True)
+    assert {line.split(": ", 1)[1] for line in lines} == said and len(lines) == world
+    assert all(line.startswith(f"{line.split()[2]}: ") for line in lines)  # "<rank>: rank <rank> of ..."
+    async with e2e.http.get(f"{e2e.url}/v1/jobs/{job['id']}/logs", params={"rank": 1}) as r:
+        assert await r.text() == f"rank 1 of {world}: total {sum(range(world))}\n"
+    out: list[str] = []
+    code = await asyncio.to_thread(
+        cli_main, ["logs", job["id"], "--tail", "1", "--rank", "0", "--url", e2e.url], out.append, out.append
+    )
+    assert (code, out) == (0, [f"rank 0 of {world}: total {sum(range(world))}"])
+
+
+TOKENS = """
+tokens:
+  - {token: "alice-logs-token-000001", tenant: alice, role: user}
+  - {token: "bob-logs-token-0000002", tenant: bob, role: user}
+"""
+
+
+async def test_follow_sends_lines_as_they_ship_until_the_job_ends_and_only_to_its_tenant(
+    open_stack: StackFactory, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(TOKENS)
+    e2e = await open_stack(domains=1, token="alice-logs-token-000001", settings={"tokens_file": str(tokens)})
+    ticker = "import time\nfor i in range(6):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.3)"
+    job = await e2e.submit({"name": "ticker", "tenant": "alice", "gpus": 4, "command": [sys.executable, "-c", ticker]})
+    await e2e.wait_state(job, {"running", "succeeded"})
+    async with e2e.http.get(f"{e2e.url}/v1/jobs/{job}/logs", params={"follow": "true", "rank": 0}) as r:
+        assert r.status == 200
+        body = await r.text()  # the answer ends once the job has ended and its last lines shipped
+    assert body.splitlines() == [f"tick {i}" for i in range(6)]
+    assert (await e2e.job(job))["state"] == "succeeded"
+    fleet = e2e.stack.fleet  # the agents that wrote them go away: the logs stay (they are in JetStream)
+    assert fleet is not None
+    await fleet.stop()
+    await fleet.deps.close()
+    e2e.stack.fleet = None
+    async with e2e.http.get(f"{e2e.url}/v1/jobs/{job}/logs", params={"tail": 2}) as r:
+        assert (await r.text()).splitlines() == ["0: tick 4", "0: tick 5"]
+    bob = {"Authorization": "Bearer bob-logs-token-0000002"}
+    async with e2e.http.get(f"{e2e.url}/v1/jobs/{job}/logs", headers=bob) as r:
+        assert r.status == 404  # another tenant's job: unknown, its logs too
+    async with e2e.http.get(f"{e2e.url}/v1/jobs/{job}/logs", params={"tail": "-1"}) as r:
+        assert r.status == 422 and (await r.json())["field"] == "tail"
 
 
 async def test_a_job_past_its_time_limit_fails_and_frees_its_gpus(open_stack: StackFactory) -> None:

@@ -25,12 +25,16 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from services.agent.backends import SimBackend
 from services.agent.fleet import AgentFleet, sim_fleet
 from services.agent.service import AgentService
+from shared.names import LOG_CHUNK_BYTES, LOG_CHUNKS_PER_RANK
+from shared.rank_log import render
 from shared.schemas import (
     AGENT_REPORTS,
     EVENTS,
+    LOG_CHUNK,
     AgentRegister,
     Heartbeat,
     Launch,
+    LogChunk,
     RankExited,
     RankStarted,
     RunningRank,
@@ -38,6 +42,7 @@ from shared.schemas import (
     StopRank,
 )
 from shared.tracing import Tracer, make_provider
+from tests import streams
 from tests.integration.test_inventory import (
     DEAD_LETTERS,
     WAIT_S,
@@ -202,6 +207,46 @@ async def test_a_rank_past_its_time_limit_is_stopped_and_says_so(harness: Harnes
     assert isinstance(three, RankExited) and three.time_limit and three.exit_code == -signal.SIGTERM
     assert isinstance(four, RankExited) and not four.time_limit and four.exit_code == 0
     assert agent.held_ranks() == []
+
+
+async def _log_chunks(h: Harness, job: str) -> list[LogChunk]:
+    entries = await streams.read_stream(h.nc, h.names, h.names.job_logs(job))
+    return [LOG_CHUNK.decode(e.data) for e in entries]
+
+
+async def test_a_ranks_output_is_in_the_log_before_its_exit_is_told(harness: Harness) -> None:
+    h = harness
+    await h.agent(SimBackend(NODE, "d00"))
+    code = "import sys; print('one'); print('two', file=sys.stderr, flush=True); sys.stdout.write('three')"
+    await command(h, start(py(code)))
+    await wait_exit(h, "job-1")
+    chunks = await _log_chunks(h, "job-1")
+    assert {(c.job_id, c.attempt, c.rank, c.node) for c in chunks} == {("job-1", 1, 2, NODE)}
+    lines = render(chunks, prefix=False)
+    assert sorted(lines) == sorted(["one\n", "two\n", "three\n"]) and lines[-1] == "three\n"
+
+
+async def test_a_rank_printing_20_mb_fast_finishes_and_its_log_keeps_the_newest_lines(harness: Harness) -> None:
+    """The process never waits on its log (no time is asserted: that it ends, and what the log then holds)."""
+    h = harness
+    await h.agent(SimBackend(NODE, "d00"))
+    code = (
+        "import sys; w = sys.stdout.write\n"
+        "for i in range(200_000): w(f'{i:08d} ' + 'x' * 91 + '\\n')\n"
+        "print('END', flush=True)"
+    )
+    await command(h, start(py(code)))
+    _, exited = await wait_exit(h, "job-1")
+    assert isinstance(exited, RankExited) and exited.exit_code == 0
+    chunks = await _log_chunks(h, "job-1")
+    assert len(chunks) <= LOG_CHUNKS_PER_RANK  # the cap: the newest chunks of the rank
+    lines = render(chunks, prefix=False)
+    assert lines[-1] == "END\n" and lines[-2].startswith("00199999 ")
+    markers = [line for line in lines if line.startswith("[rackscale: ")]
+    assert markers and all("dropped" in m for m in markers)  # what is missing is said, not hidden
+    assert sum(len(c.text) for c in chunks) <= LOG_CHUNKS_PER_RANK * LOG_CHUNK_BYTES
+    numbers = [int(line[:8]) for line in lines if line[:8].isdigit()]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
 
 
 async def test_redelivered_start_rank_runs_one_process(harness: Harness, tmp_path: Path) -> None:
