@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# A process's log (shared/rank_log.py): chunks of up to LOG_CHUNK_BYTES (or a second of lines), the newest
+# A process's log (shared/rank_log.py): chunks of up to LOG_CHUNK_BYTES (or FLUSH_S of lines), the newest
 # LOG_CHUNKS_PER_RANK kept per rank (so at most 16 MiB a rank), every log at most a week, 1 GiB in all.
 LOG_CHUNK_BYTES = 16 * 1024
 LOG_CHUNKS_PER_RANK = 1024
