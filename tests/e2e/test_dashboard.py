@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,8 @@ async def test_dashboard_renders_updates_live_and_shows_placement_and_reasons(
     await page.evaluate("window.__sameDocument = true")
 
     # -- a job starts: its cells get its colour, pushed by server-sent events -------------------------------
-    a = await e2e.submit(nvlink("train-a", "alice", 8))
+    hello = "import os, time; print('hello from', os.environ['RANK'], flush=True); time.sleep(600)"
+    a = await e2e.submit(nvlink("train-a", "alice", 8) | {"command": [sys.executable, "-c", hello]})
     await wait_cells(page, a, 8)
     view_a = await e2e.wait_state(a, {"running"})
     assert await cells_of(page, a) == allocation(view_a)
@@ -167,6 +169,10 @@ async def test_dashboard_renders_updates_live_and_shows_placement_and_reasons(
     assert re.fullmatch(r"[0-9a-f]{32}", view_a["trace_id"]), view_a["trace_id"]
     assert await page.get_attribute("#d-trace", "href") == f"{JAEGER}/trace/{view_a['trace_id']}"
     assert await page.locator(f"#domains .gpu.selected[data-job='{a}']").count() == 8
+    await page.wait_for_function(  # its last lines, every rank's
+        "() => ['0: hello from 0', '1: hello from 1']"
+        ".every(l => document.querySelector('#d-logs').textContent.includes(l))"
+    )
     await page.screenshot(path=artifacts_dir() / "dashboard.png", full_page=True)
 
     # -- a click on the pending row: its reason, no placement ---------------------------------------------------
@@ -175,6 +181,7 @@ async def test_dashboard_renders_updates_live_and_shows_placement_and_reasons(
     assert await page.text_content("#d-state") == "pending"
     assert first_clause in (await page.text_content("#d-reason") or "")
     assert await page.is_visible("#d-unplaced") and not await page.is_visible("#d-placement")
+    assert await page.text_content("#d-logs") == "no output"
     assert await page.text_content("#d-name") == "ckpt-72"
     await page.screenshot(path=artifacts_dir() / "dashboard-pending.png", full_page=True)
 

@@ -1,5 +1,5 @@
 // Rackscale dashboard: every NVLink domain as its grid of GPU cells (one row per node, as `rackscale cluster`
-// draws them), the pending queue with reasons, and a job's placement and trace on click.
+// draws them), the pending queue with reasons, and a job's placement, trace and last log lines on click.
 // Data: GET /v1/cluster and /v1/jobs; every server-sent event of /v1/events triggers a (debounced) redraw, so
 // what is shown is always the API's view. User strings only ever go into textContent or attributes.
 "use strict";
@@ -21,6 +21,7 @@
   const headers = token ? { Authorization: "Bearer " + token } : {};
 
   let selected = null; // the job whose details are shown
+  const LOG_LINES = 20; // a selected job's last lines shown
 
   async function api(path) {
     const r = await fetch(path, { headers, cache: "no-store" });
@@ -36,6 +37,12 @@
       throw err;
     }
     return r.json();
+  }
+
+  // A job's last lines (its processes' output); "" when there are none or they can't be read now.
+  async function lastLines(id) {
+    const r = await fetch(`/v1/jobs/${encodeURIComponent(id)}/logs?tail=${LOG_LINES}`, { headers, cache: "no-store" });
+    return r.ok ? r.text() : "";
   }
 
   function el(tag, className, text) {
@@ -142,6 +149,11 @@
     else link.removeAttribute("href");
   }
 
+  function drawLogs(text) {
+    $("d-logs").textContent = text || "no output";
+    $("d-logs").classList.toggle("empty", !text);
+  }
+
   function markSelected() {
     for (const e of document.querySelectorAll(".selected")) e.classList.remove("selected");
     if (!selected) return;
@@ -154,7 +166,9 @@
     selected = id;
     markSelected();
     try {
-      drawDetails(await api(`/v1/jobs/${encodeURIComponent(id)}`));
+      const [job, text] = await Promise.all([api(`/v1/jobs/${encodeURIComponent(id)}`), lastLines(id)]);
+      drawDetails(job);
+      drawLogs(text);
     } catch (e) {
       showError(e.message);
     }
@@ -191,7 +205,9 @@
       drawPending(pending);
       if (selected) {
         try {
-          drawDetails(await api(`/v1/jobs/${encodeURIComponent(selected)}`));
+          const [job, text] = await Promise.all([api(`/v1/jobs/${encodeURIComponent(selected)}`), lastLines(selected)]);
+          drawDetails(job);
+          drawLogs(text);
         } catch (e) {
           if (e.status !== 404) throw e;
           selected = null;
