@@ -27,8 +27,8 @@ before any comes twice):
   marked down for that);
 - `valkey restarted empty`: Valkey SIGKILLed and started again on its port without data (every key of the
   cell gone at once); the queue rebuilds the view from the log;
-- `valkey stale copy`: the cell's keys DUMPed (in one MULTI) 10-30 s before the fault, then swapped back in
-  one MULTI (every key now deleted, the copy restored), as a replica promoted before it caught up
+- `valkey stale copy`: the cell's keys DUMPed at one instant (one script) 10-30 s before the fault, then
+  swapped back at one instant (every key now deleted, the copy restored), as a replica promoted before it caught up
   (`tests/e2e/test_view_rebuild.py`);
 - `redis client kill`: `CLIENT KILL TYPE normal SKIPME yes`: every service's Redis connection at once.
 
