@@ -41,6 +41,16 @@ class Placed(msgspec.Struct, kw_only=True):
     gpus: list[int]
 
 
+class RankExitView(msgspec.Struct, kw_only=True):
+    """How one rank of the job's latest attempt ended."""
+
+    node: str
+    rank: int
+    exit_code: int  # the process's status; -N: signal N ended it
+    signal: str | None  # that signal's name (SIGTERM, SIGKILL, ...)
+    cause: str  # completed, failed, time limit, cancelled, node lost, preempted, moved
+
+
 class JobView(msgspec.Struct, kw_only=True):
     """A job as stored by the queue (JobRecord), kept after it ends."""
 
@@ -67,6 +77,8 @@ class JobView(msgspec.Struct, kw_only=True):
     time_limit_s: float | None = None
     processes: str = "per_node"
     workdir: str = ""
+    end: str = ""  # why it ended: completed, failed, time limit, cancelled, node lost ("" while it hasn't)
+    exits: list[RankExitView] = []  # its latest attempt's ranks that exited while it ran, by rank
 
 
 class JobList(msgspec.Struct, kw_only=True):

@@ -61,6 +61,7 @@ def _next_attempt(r: JobRecord, reason: str, now: float, allocation: list[NodeGp
     r.floor = r.attempt
     r.state, r.attempt, r.allocation, r.domains = JobState.PENDING, r.attempt + 1, allocation or [], []
     r.started_ranks, r.exit_codes, r.move, r.reason, r.updated_at = [], {}, None, reason, now
+    r.exit_causes = {}
 
 
 def commit_seen(rec: JobRecord, attempt: int) -> None:
@@ -89,7 +90,7 @@ def cancelled(rec: JobRecord, msg: JobCancel, now: float) -> JobRecord | None:
     if rec.state in TERMINAL:
         return None
     r = _copy(rec)
-    r.state, r.reason, r.updated_at, r.ended_at = JobState.CANCELLED, msg.reason, now, now
+    r.state, r.reason, r.updated_at, r.ended_at, r.end = JobState.CANCELLED, msg.reason, now, now, CANCELLED
     r.inflight_since = None
     return r
 
@@ -182,7 +183,35 @@ def started(rec: JobRecord, ev: RankStarted, now: float) -> JobRecord | None:
     return r
 
 
-TIME_LIMIT = "time limit"  # a failed job's reason when its agents stopped it at its `time_limit_s`
+# Why a rank exited, or a job ended (a job: the first five; a rank: any).
+COMPLETED, FAILED, TIME_LIMIT, CANCELLED, NODE_LOST, PREEMPTED, MOVED = (
+    "completed",
+    "failed",
+    "time limit",  # also a failed job's reason when its agents stopped it at its `time_limit_s`
+    "cancelled",
+    "node lost",
+    "preempted",
+    "moved",
+)
+CAUSES = (COMPLETED, FAILED, TIME_LIMIT, CANCELLED, NODE_LOST, PREEMPTED, MOVED)
+
+
+def rank_cause(ev: RankExited) -> str:
+    """Why a rank exited: what its agent said, else its exit code's word (an agent that predates causes)."""
+    if ev.time_limit:
+        return TIME_LIMIT
+    if ev.lost:
+        return NODE_LOST
+    return ev.cause or (COMPLETED if ev.exit_code == 0 else FAILED)
+
+
+def stop_cause(rec: JobRecord) -> str:
+    """Why a job's ranks are stopped now: its end, or the state that stops them."""
+    if rec.end:
+        return rec.end
+    return {JobState.CANCELLED: CANCELLED, JobState.PREEMPTED: PREEMPTED, JobState.MIGRATING: MOVED}.get(
+        rec.state, FAILED
+    )
 
 
 def exited(rec: JobRecord, ev: RankExited, now: float) -> JobRecord | None:
@@ -200,14 +229,15 @@ def exited(rec: JobRecord, ev: RankExited, now: float) -> JobRecord | None:
         raise NotYet(f"job {rec.id} rank {ev.rank}: exit before its start")
     r = _copy(rec)
     r.exit_codes = {**rec.exit_codes, key: ev.exit_code}
+    r.exit_causes = {**rec.exit_causes, key: rank_cause(ev)}
     r.updated_at = now
     if ev.time_limit:
-        r.state, r.ended_at, r.reason = JobState.FAILED, now, TIME_LIMIT
+        r.state, r.ended_at, r.reason, r.end = JobState.FAILED, now, TIME_LIMIT, TIME_LIMIT
     elif ev.exit_code != 0:
-        r.state, r.ended_at = JobState.FAILED, now
+        r.state, r.ended_at, r.end = JobState.FAILED, now, FAILED
         r.reason = f"rank {ev.rank} on {ev.node} exited with {ev.exit_code}" + (f" ({ev.reason})" if ev.reason else "")
     elif len(r.exit_codes) == len(r.allocation):
-        r.state, r.ended_at, r.reason = JobState.SUCCEEDED, now, ""
+        r.state, r.ended_at, r.reason, r.end = JobState.SUCCEEDED, now, "", COMPLETED
     if r.state in TERMINAL:
         r.move = None  # it ended before its checkpoint: nothing left to move
     return r
@@ -225,6 +255,7 @@ def node_lost(rec: JobRecord, attempt: int, reason: str, now: float) -> JobRecor
     r = _copy(rec)
     if r.spec.on_node_failure == "fail":
         r.state, r.ended_at, r.reason, r.move, r.updated_at = JobState.FAILED, now, reason, None, now
+        r.end = NODE_LOST
     else:
         _next_attempt(r, f"requeued: {reason}", now)
     return r
@@ -295,6 +326,7 @@ def event_of(rec: JobRecord) -> JobEvent:
         move=rec.move if rec.state is JobState.MIGRATING else None,
         checkpoint=rec.checkpoint,
         ran_s=rec.ran_s,
+        end=rec.end,
     )
 
 
@@ -334,14 +366,14 @@ def recorded(rec: JobRecord, ev: JobEvent) -> JobRecord | None:
     )
     r.inflight_since, r.checkpoint, r.ran_s = None, ev.checkpoint or rec.checkpoint, max(rec.ran_s, ev.ran_s)
     if not same:
-        r.started_ranks, r.exit_codes, r.started_at = [], {}, None
+        r.started_ranks, r.exit_codes, r.exit_causes, r.started_at = [], {}, {}, None
         r.allocation, r.domains = [], []
     if ev.state in HOLDING:
         r.allocation, r.domains = list(ev.nodes), list(ev.domains) or r.domains
     if ev.state is JobState.RUNNING and r.started_at is None:
         r.started_at = ev.at
     if ev.state in TERMINAL:
-        r.ended_at = ev.at
+        r.ended_at, r.end = ev.at, ev.end or r.end
     r.move = ev.move if ev.state is JobState.MIGRATING else None
     return r
 

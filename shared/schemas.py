@@ -125,6 +125,8 @@ class JobRecord(msgspec.Struct, kw_only=True, gc=False):
     allocation: list[NodeGpus] = []
     domains: list[str] = []
     exit_codes: dict[str, int] = {}  # "node/rank" → exit code
+    exit_causes: dict[str, str] = {}  # "node/rank" → why it exited (shared.lifecycle CAUSES)
+    end: str = ""  # why the job ended: completed, failed, time limit, cancelled, node lost ("" while it runs)
     started_ranks: list[int] = []
     inflight_since: float | None = None  # a PlaceOrder is out for this attempt
     trace: str = ""  # traceparent of the submit, so later hops join the job's trace
@@ -260,6 +262,7 @@ class ReleaseOrder(msgspec.Struct, tag="order.release", kw_only=True, frozen=Tru
     checkpoint: bool = False
     only_attempt: int = 0  # free the GPUs only if the job holds them for this attempt (0: whatever it holds)
     stop_ranks: bool = True  # False: every rank has exited already (the job's own end): no StopRank to send
+    cause: str = ""  # why the ranks stop (shared.lifecycle CAUSES): what their exits will say
 
 
 class CheckpointOrder(msgspec.Struct, tag="order.checkpoint", kw_only=True, frozen=True):
@@ -301,6 +304,7 @@ class StopRank(msgspec.Struct, tag="agent.stop", kw_only=True, frozen=True):
     # stop only ranks of this attempt or older (0: every attempt): a late stop must never hit a newer attempt
     # of the job started on the same node (a move that keeps some nodes)
     attempt: int = 0
+    cause: str = ""  # why it stops (shared.lifecycle CAUSES), for its exit to say
     # a move's checkpoint: the GPUs stay held until the rank's exit acknowledges it (RankExited.checkpointed);
     # the sim agent takes RACKSCALE_CHECKPOINT_S. A preemption's checkpoint stop (GPUs already freed) is instant.
     ack: bool = False
@@ -429,6 +433,7 @@ class RankExited(msgspec.Struct, tag="agent.exited", kw_only=True, frozen=True):
     checkpointed: bool = False  # stopped by a checkpoint stop: the acknowledgement of a move's checkpoint
     ran_s: float = 0.0  # how long the rank ran
     time_limit: bool = False  # stopped by its agent at the job's time limit: the job ends failed, "time limit"
+    cause: str = ""  # why it exited (shared.lifecycle CAUSES); "" from an agent that predates it
 
 
 class NodeChanged(msgspec.Struct, tag="node.changed", kw_only=True, frozen=True):
@@ -473,6 +478,7 @@ class JobEvent(msgspec.Struct, tag="job.event", kw_only=True, frozen=True):
     move: MoveTicket | None = None  # while migrating: the move under way
     checkpoint: str = ""  # the newest checkpoint, and the run time it banked
     ran_s: float = 0.0
+    end: str = ""  # JobRecord.end: why it ended
 
 
 class Reservations(msgspec.Struct, kw_only=True):

@@ -46,7 +46,7 @@ import msgspec
 from services.agent.backends import GpuBackend
 from services.agent.logs import LogShipper
 from services.agent.runner import LaunchError, Rank, launch
-from shared.lifecycle import TIME_LIMIT
+from shared.lifecycle import COMPLETED, FAILED, NODE_LOST, TIME_LIMIT
 from shared.runtime import Deps, Service
 from shared.schemas import (
     AGENT_COMMANDS,
@@ -79,6 +79,7 @@ class RankRun:
     lost: bool = False  # stopped by the agent's own shutdown
     checkpointed: bool = False  # stopped by a checkpoint stop (a move): its exit acknowledges the checkpoint
     time_limit: bool = False  # stopped here at the job's time limit
+    stop_cause: str = ""  # why it was stopped (StopRank.cause)
     logs: LogShipper | None = None  # its processes' output on its way to the log
     started_at: float = 0.0
     ended_at: float = 0.0
@@ -89,6 +90,18 @@ class RankRun:
     @property
     def running(self) -> bool:
         return self.exit_code is None
+
+
+def _cause(run: RankRun) -> str:
+    """Why the rank exited (shared.lifecycle CAUSES): its time limit, its agent's shutdown, the stop's cause, or
+    its own exit code."""
+    if run.time_limit:
+        return TIME_LIMIT
+    if run.lost:
+        return NODE_LOST
+    if run.stop_reason is not None:
+        return run.stop_cause or FAILED
+    return COMPLETED if run.exit_code == 0 else FAILED
 
 
 def exit_reason(code: int, stop_reason: str | None) -> str:
@@ -314,6 +327,7 @@ class AgentService(Service):
             if run.stop_reason is None:
                 run.stop_reason = cmd.reason + (" (checkpoint)" if cmd.checkpoint else "")
                 run.checkpointed = cmd.checkpoint and cmd.ack
+                run.stop_cause = cmd.cause
             # a move's simulated rank takes `checkpoint_s` to write its checkpoint (its GPUs are still held); a
             # real one gets SIGTERM and checkpoints within the stop grace
             delay = self.deps.settings.checkpoint_s if cmd.ack and self.backend.simulated else 0.0
@@ -388,6 +402,7 @@ class AgentService(Service):
             checkpointed=run.checkpointed and not run.lost,
             ran_s=max(0.0, run.ended_at - run.started_at),
             time_limit=run.time_limit,
+            cause=_cause(run),
         )
         if await self._publish(exited, f"{cmd.job_id}:{cmd.attempt}:{cmd.rank}:exit", run.trace):
             run.exit_stored = True

@@ -227,7 +227,8 @@ def describe_job(j: dict[str, Any], now: float) -> str:
         rows.append(("started", f"{ago(started, now)} ago"))
     if ended:
         ran = f", ran {span(ended - started)}" if started else ""
-        rows.append(("ended", f"{ago(ended, now)} ago{ran}"))
+        why = f" ({j['end']})" if j.get("end") else ""
+        rows.append(("ended", f"{ago(ended, now)} ago{ran}{why}"))
     width = max(len(k) for k in [*(k for k, _ in rows), "allocation", "exit codes"])
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     alloc = j.get("allocation") or []
@@ -237,8 +238,14 @@ def describe_job(j: dict[str, Any], now: float) -> str:
             by_domain.setdefault(p.get("domain") or "?", []).append(f"{p['node']}[{_gpu_list(p['gpus'])}]")
         lines.append(f"{'allocation'.ljust(width)}  {len(alloc)} nodes in {len(by_domain)} domain(s)")
         lines += [f"{''.ljust(width)}    {d}: {' '.join(nodes)}" for d, nodes in by_domain.items()]
+    exits = j.get("exits") or []
     codes = j.get("exit_codes") or {}
-    if codes:
+    if exits:
+        lines.append(f"{'exits'.ljust(width)}  {len(exits)} rank(s)")
+        for e in exits:
+            how = f"killed by {e['signal']}" if e.get("signal") else f"exited {e['exit_code']}"
+            lines.append(f"{''.ljust(width)}    rank {e['rank']} on {e['node']}: {how} ({e['cause']})")
+    elif codes:  # a gateway that predates `exits`
         lines.append(f"{'exit codes'.ljust(width)}  " + " ".join(f"{k}={v}" for k, v in sorted(codes.items())))
     return "\n".join(lines)
 

@@ -4,8 +4,10 @@ described in /openapi.json)."""
 from __future__ import annotations
 
 import re
+import signal
 from collections.abc import Iterable, Mapping
 
+from shared import lifecycle
 from shared.api import (
     AllocationView,
     ClusterView,
@@ -15,6 +17,7 @@ from shared.api import (
     MigrationView,
     NodeView,
     Placed,
+    RankExitView,
     Utilisation,
 )
 from shared.picture import gpu_cell
@@ -61,7 +64,32 @@ def job_view(rec: JobRecord, domain_of: Mapping[str, str]) -> JobView:
         time_limit_s=s.time_limit_s,
         processes=s.processes,
         workdir=s.workdir,
+        end=rec.end,
+        exits=rank_exits(rec),
     )
+
+
+def rank_exits(rec: JobRecord) -> list[RankExitView]:
+    out = []
+    for key, code in rec.exit_codes.items():
+        node, _, rank = key.rpartition("/")
+        out.append(
+            RankExitView(
+                node=node,
+                rank=int(rank),
+                exit_code=code,
+                signal=_signal_name(-code) if code < 0 else None,
+                cause=rec.exit_causes.get(key) or (lifecycle.COMPLETED if code == 0 else lifecycle.FAILED),
+            )
+        )
+    return sorted(out, key=lambda e: e.rank)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def migration_view(rec: MigrationRecord, domain_of: Mapping[str, str]) -> MigrationView:

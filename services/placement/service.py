@@ -14,6 +14,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from shared import lifecycle
 from shared.bus import Outgoing
 from shared.runtime import Deps, Service
 from shared.schemas import (
@@ -125,7 +126,13 @@ class PlacementService(Service):
         key = f"{order.job_id}:{order.attempt}"
         for ng in held.nodes:
             stop = StopRank(
-                job_id=order.job_id, node=ng.node, reason=order.reason, checkpoint=True, attempt=order.attempt, ack=True
+                job_id=order.job_id,
+                node=ng.node,
+                reason=order.reason,
+                checkpoint=True,
+                attempt=order.attempt,
+                ack=True,
+                cause=lifecycle.MOVED,
             )
             await self.bus.publish(
                 self.names.agent_cmd(ng.node), stop, msg_id=f"{key}:checkpoint:{ng.node}", headers=headers
@@ -152,6 +159,7 @@ class PlacementService(Service):
                     reason=order.reason,
                     checkpoint=order.checkpoint,
                     attempt=held.attempt,
+                    cause=order.cause,
                 )
                 out.append(Outgoing(self.names.agent_cmd(ng.node), stop, f"{key}:stop:{ng.node}", headers))
         attempt = held.attempt if held else 0

@@ -200,7 +200,13 @@ class QueueService(Service):
     async def release(self, rec: JobRecord, reason: str, checkpoint: bool = False, stop_ranks: bool = True) -> None:
         await self.bus.publish(
             self.names.orders,
-            ReleaseOrder(job_id=rec.id, reason=reason, checkpoint=checkpoint, stop_ranks=stop_ranks),
+            ReleaseOrder(
+                job_id=rec.id,
+                reason=reason,
+                checkpoint=checkpoint,
+                stop_ranks=stop_ranks,
+                cause=lifecycle.stop_cause(rec),
+            ),
             msg_id=f"{rec.id}:{rec.attempt}:release:{rec.state}",
             headers=_trace(rec),
         )
@@ -270,7 +276,12 @@ class QueueService(Service):
             await self.bus.publish(
                 self.names.orders,
                 # only that attempt's GPUs: by now the job may hold a newer attempt's
-                ReleaseOrder(job_id=rec.id, reason=f"job is {rec.state}", only_attempt=ev.attempt),
+                ReleaseOrder(
+                    job_id=rec.id,
+                    reason=f"job is {rec.state}",
+                    only_attempt=ev.attempt,
+                    cause=lifecycle.stop_cause(rec) if rec.state in TERMINAL else lifecycle.PREEMPTED,
+                ),
                 msg_id=f"{rec.id}:{ev.attempt}:release:stale",
                 headers=_trace(rec),
             )
@@ -349,7 +360,7 @@ class QueueService(Service):
             await self.emit(new)
             await self.bus.publish(
                 self.names.orders,
-                ReleaseOrder(job_id=job_id, reason=f"node {node} lost" if node else reason),
+                ReleaseOrder(job_id=job_id, reason=f"node {node} lost" if node else reason, cause=lifecycle.NODE_LOST),
                 msg_id=f"{job_id}:{attempt}:release:node",
                 headers=_trace(new),
             )
@@ -693,7 +704,7 @@ class QueueService(Service):
         if rec.state is not JobState.PENDING or rec.inflight_since is None:  # requeued or failed: free the GPUs
             await self.bus.publish(
                 self.names.orders,
-                ReleaseOrder(job_id=rec.id, reason=rec.reason),
+                ReleaseOrder(job_id=rec.id, reason=rec.reason, cause=rec.end or lifecycle.MOVED),
                 msg_id=f"{rec.id}:{ev.attempt}:release:evacuate",
                 headers=_trace(rec),
             )
@@ -702,7 +713,7 @@ class QueueService(Service):
         # release first: placement handles orders in order, so the pinned commit finds the GPUs free
         await self.bus.publish(
             self.names.orders,
-            ReleaseOrder(job_id=rec.id, reason="migrating: checkpoint written"),
+            ReleaseOrder(job_id=rec.id, reason="migrating: checkpoint written", cause=lifecycle.MOVED),
             msg_id=f"{rec.id}:{ev.attempt}:release:migrate",
             headers=_trace(rec),
         )
@@ -718,7 +729,7 @@ class QueueService(Service):
         await self.emit(rec)
         await self.bus.publish(
             self.names.orders,
-            ReleaseOrder(job_id=rec.id, reason=rec.reason),
+            ReleaseOrder(job_id=rec.id, reason=rec.reason, cause=lifecycle.MOVED),
             msg_id=f"{rec.id}:{rec.floor}:release:abort",  # the aborted attempt's (now the floor)
             headers=_trace(rec),
         )

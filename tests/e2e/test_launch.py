@@ -87,7 +87,10 @@ async def test_ranks_meet_with_the_contracts_variables_alone(
 ) -> None:
     e2e = await open_stack(domains=1)
     job = await _run(e2e, tmp_path, **body)
-    assert job["state"] == "succeeded", job
+    assert job["state"] == "succeeded" and job["end"] == "completed", job
+    assert [(e["rank"], e["exit_code"], e["cause"]) for e in job["exits"]] == [
+        (r, 0, "completed") for r in range(nodes)
+    ]
     world = nodes * per_node
     seen = [json.loads((tmp_path / str(r)).read_text()) for r in range(world)]
     assert {s["total"] for s in seen} == {sum(range(world))}  # every rank reached rank 0 and heard back
@@ -159,7 +162,8 @@ async def test_a_job_past_its_time_limit_fails_and_frees_its_gpus(open_stack: St
         {"name": "sleeper", "tenant": "a", "gpus": 8, "command": ["sleep", "600"], "time_limit_s": 1.0}
     )
     done = (await e2e.wait_terminal([job]))[job]
-    assert (done["state"], done["reason"]) == ("failed", "time limit")
+    assert (done["state"], done["reason"], done["end"]) == ("failed", "time limit", "time limit")
+    assert [(e["signal"], e["cause"]) for e in done["exits"]][:1] == [("SIGTERM", "time limit")]
 
     async def freed() -> bool:
         view = await e2e.cluster()

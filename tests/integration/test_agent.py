@@ -147,6 +147,7 @@ async def test_start_rank_runs_the_command_with_the_placement_env(harness: Harne
     assert isinstance(started, RankStarted) and isinstance(exited, RankExited)
     assert (started.node, started.attempt, started.rank) == (NODE, 1, 2) and started.pid > 0
     assert (exited.node, exited.attempt, exited.rank, exited.exit_code, exited.reason) == (NODE, 1, 2, 0, "exited 0")
+    assert exited.cause == "completed"
     assert json.loads(out.read_text()) == {
         "CUDA_VISIBLE_DEVICES": "1,3",
         "RANK": "2",
@@ -163,6 +164,7 @@ async def test_failing_command_reports_its_exit_code(harness: Harness) -> None:
     await command(h, start(py("raise SystemExit(7)")))
     _, exited = await wait_exit(h, "job-1")
     assert isinstance(exited, RankExited) and (exited.exit_code, exited.reason) == (7, "exited with code 7")
+    assert exited.cause == "failed"
 
     await command(h, start(["/nonexistent/rackscale-no-such-binary"], job="job-2"))
     (only,) = await wait_exit(h, "job-2")  # never started: the exit alone
@@ -175,10 +177,10 @@ async def test_stop_rank_kills_a_long_sleep(harness: Harness) -> None:
     await command(h, start(["sleep", "30"]))
     await wait_started(h, "job-1")
     assert [(r.job_id, r.attempt) for r in agent.held_ranks()] == [("job-1", 1)]
-    await command(h, StopRank(job_id="job-1", node=NODE, reason="cancelled by user"))
+    await command(h, StopRank(job_id="job-1", node=NODE, reason="cancelled by user", cause="cancelled"))
     _, exited = await wait_exit(h, "job-1")
     assert isinstance(exited, RankExited)
-    assert exited.exit_code == -signal.SIGTERM
+    assert exited.exit_code == -signal.SIGTERM and exited.cause == "cancelled"
     assert exited.reason == "stopped (cancelled by user): killed by SIGTERM"
     assert agent.held_ranks() == []  # ended, and its exit stored
 
@@ -190,7 +192,7 @@ async def test_a_rank_past_its_time_limit_is_stopped_and_says_so(harness: Harnes
     agent = await h.agent(SimBackend(NODE, "d00"), stop_grace_s=0.3)
     await command(h, start(["sleep", "30"], launch=Launch(time_limit_s=0.3)))
     _, exited = await wait_exit(h, "job-1")
-    assert isinstance(exited, RankExited) and exited.time_limit
+    assert isinstance(exited, RankExited) and exited.time_limit and exited.cause == "time limit"
     assert (exited.exit_code, exited.reason) == (-signal.SIGTERM, "stopped (time limit): killed by SIGTERM")
     ready = tmp_path / "ready"
     stubborn = (

@@ -244,6 +244,8 @@ async def test_get_job_shows_the_record(gw: Gw) -> None:
         attempt=1,
         allocation=[NodeGpus("n1", [0, 1, 2]), NodeGpus("n2", [1, 2, 3])],
         exit_codes={"n1/0": 0, "n2/1": 0},
+        exit_causes={"n1/0": "completed", "n2/1": "completed"},
+        end="completed",
         trace="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     )
     await store.put_job(rec, new=True)
@@ -275,6 +277,11 @@ async def test_get_job_shows_the_record(gw: Gw) -> None:
         "time_limit_s": None,
         "processes": "per_node",
         "workdir": "",
+        "end": "completed",
+        "exits": [
+            {"node": "n1", "rank": 0, "exit_code": 0, "signal": None, "cause": "completed"},
+            {"node": "n2", "rank": 1, "exit_code": 0, "signal": None, "cause": "completed"},
+        ],
     }
     missing = await gw.client.get("/v1/jobs/nope")
     assert missing.status == 404 and await missing.json() == {"error": "unknown job nope", "field": None}

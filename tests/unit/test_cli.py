@@ -385,6 +385,7 @@ def test_commands_over_http(api: tuple[str, type[_Canned]]) -> None:
     running = dict(
         job, id=JOB_B, state="running", reason="", attempt=1, started_at=2.0, processes="per_gpu",
         time_limit_s=7200.0, workdir="/shared/run",
+        exits=[{"node": "d00-n03", "rank": 3, "exit_code": -15, "signal": "SIGTERM", "cause": "preempted"}],
         allocation=[{"domain": "d00", "node": f"d00-n{i:02d}", "gpus": [0, 1, 2, 3]} for i in range(16)],
     )  # fmt: skip
     handler.routes.update(
@@ -421,6 +422,7 @@ def test_commands_over_http(api: tuple[str, type[_Canned]]) -> None:
     code, out, _ = run_cli("job", JOB_B, "--url", url)
     assert code == 0 and "allocation  16 nodes in 1 domain(s)" in out and "d00-n15[0-3]" in out
     assert "launch      one process per GPU, time limit 2h, in /shared/run" in out
+    assert "exits       1 rank(s)\n              rank 3 on d00-n03: killed by SIGTERM (preempted)" in out
     code, out, _ = run_cli("job", JOB_B, "--json", "--url", url)
     assert json.loads(out)["state"] == "running"
 

@@ -206,6 +206,30 @@ def test_a_rank_stopped_at_the_time_limit_fails_the_job_with_that_reason() -> No
     assert lifecycle.exited(after, _exit(1, -15), NOW) is None
 
 
+def test_why_each_rank_exited_and_why_the_job_ended() -> None:
+    running = STATES["running"]
+    one = lifecycle.exited(running, _exit(0, 0), NOW)
+    assert one is not None and one.exit_causes == {"n0/0": "completed"} and one.end == ""
+    both = lifecycle.exited(one, _exit(1, 0), NOW)
+    assert both is not None and (both.state, both.end) == (JobState.SUCCEEDED, "completed")
+    failed = lifecycle.exited(running, _exit(1, 3), NOW)
+    assert failed is not None and (failed.end, failed.exit_causes) == ("failed", {"n1/1": "failed"})
+    stopped = RankExited(**{**msgspec.structs.asdict(_exit(0, -15)), "cause": "preempted"})
+    assert lifecycle.rank_cause(stopped) == "preempted"
+    assert lifecycle.rank_cause(RankExited(**{**msgspec.structs.asdict(_exit(0, -9)), "lost": True})) == "node lost"
+    cancelled = lifecycle.cancelled(running, JobCancel(job_id="j", at=NOW), NOW)
+    assert cancelled is not None and cancelled.end == "cancelled" and lifecycle.stop_cause(cancelled) == "cancelled"
+    lost = lifecycle.node_lost(_fail_on_loss(running), 2, "node n0 went down", NOW)
+    assert lost is not None and (lost.state, lost.end) == (JobState.FAILED, "node lost")
+    requeued = lifecycle.node_lost(running, 2, "node n0 went down", NOW)
+    assert requeued is not None and requeued.end == "" and requeued.exit_causes == {}
+    assert lifecycle.stop_cause(STATES["preempted"]) == "preempted"
+    assert lifecycle.stop_cause(STATES["migrating"]) == "moved"
+    # the end rides on the terminal event, so a record rebuilt from the log says it too
+    rebuilt = lifecycle.recorded(running, lifecycle.event_of(cancelled))
+    assert rebuilt is not None and rebuilt.end == "cancelled"
+
+
 def _replay(rec: JobRecord, steps: list[Transition]) -> JobRecord:
     for step in steps:
         rec = step(rec) or rec
