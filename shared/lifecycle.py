@@ -196,13 +196,22 @@ COMPLETED, FAILED, TIME_LIMIT, CANCELLED, NODE_LOST, PREEMPTED, MOVED = (
 CAUSES = (COMPLETED, FAILED, TIME_LIMIT, CANCELLED, NODE_LOST, PREEMPTED, MOVED)
 
 
-def rank_cause(ev: RankExited) -> str:
-    """Why a rank exited: what its agent said, else its exit code's word (an agent that predates causes)."""
-    if ev.time_limit:
+def exit_cause(code: int, *, time_limit: bool = False, lost: bool = False, stopped_for: str | None = None) -> str:
+    """Why a rank exited: its time limit, its agent's shutdown, the cause it was stopped for ("" unknown: failed),
+    or, none of those, its own exit code."""
+    if time_limit:
         return TIME_LIMIT
-    if ev.lost:
+    if lost:
         return NODE_LOST
-    return ev.cause or (COMPLETED if ev.exit_code == 0 else FAILED)
+    if stopped_for is not None:
+        return stopped_for or FAILED
+    return COMPLETED if code == 0 else FAILED
+
+
+def rank_cause(ev: RankExited) -> str:
+    """Why a rank exited: what its agent said, else its exit code's word (an agent that predates causes, or
+    inventory speaking for a lost one)."""
+    return exit_cause(ev.exit_code, time_limit=ev.time_limit, lost=ev.lost, stopped_for=ev.cause or None)
 
 
 def stop_cause(rec: JobRecord) -> str:

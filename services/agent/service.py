@@ -46,7 +46,7 @@ import msgspec
 from services.agent.backends import GpuBackend
 from services.agent.logs import LogShipper
 from services.agent.runner import LaunchError, Rank, launch
-from shared.lifecycle import COMPLETED, FAILED, NODE_LOST, TIME_LIMIT
+from shared.lifecycle import TIME_LIMIT, exit_cause
 from shared.runtime import Deps, Service
 from shared.schemas import (
     AGENT_COMMANDS,
@@ -93,15 +93,10 @@ class RankRun:
 
 
 def _cause(run: RankRun) -> str:
-    """Why the rank exited (shared.lifecycle CAUSES): its time limit, its agent's shutdown, the stop's cause, or
-    its own exit code."""
-    if run.time_limit:
-        return TIME_LIMIT
-    if run.lost:
-        return NODE_LOST
-    if run.stop_reason is not None:
-        return run.stop_cause or FAILED
-    return COMPLETED if run.exit_code == 0 else FAILED
+    """Why the rank exited (shared.lifecycle CAUSES)."""
+    assert run.exit_code is not None
+    stopped_for = run.stop_cause if run.stop_reason is not None else None
+    return exit_cause(run.exit_code, time_limit=run.time_limit, lost=run.lost, stopped_for=stopped_for)
 
 
 def exit_reason(code: int, stop_reason: str | None) -> str:

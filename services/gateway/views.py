@@ -79,7 +79,7 @@ def rank_exits(rec: JobRecord) -> list[RankExitView]:
                 rank=int(rank),
                 exit_code=code,
                 signal=_signal_name(-code) if code < 0 else None,
-                cause=rec.exit_causes.get(key) or (lifecycle.COMPLETED if code == 0 else lifecycle.FAILED),
+                cause=rec.exit_causes.get(key) or lifecycle.exit_cause(code),
             )
         )
     return sorted(out, key=lambda e: e.rank)
