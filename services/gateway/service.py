@@ -552,41 +552,47 @@ def _chunk(data: bytes) -> LogChunk | None:
 
 def _log_query(q: Any, latest: int) -> tuple[int | None, int | None, float, int] | web.Response:
     """(rank, tail, since, attempt) of a logs request, or the 422 naming the bad one."""
-    values: dict[str, float | int | None] = {}
-    for name, parse, low in (("rank", int, 0), ("tail", int, 0), ("since", float, 0.0), ("attempt", int, 1)):
-        if name not in q:
-            values[name] = None
-            continue
-        try:
-            value = parse(q[name])
-        except ValueError:
-            kind = "a whole number" if parse is int else "a number"
-            return error_response(422, f"{name}: must be {kind}, got {q[name]!r}", name)
-        if not value >= low:
-            return error_response(422, f"{name}: must be at least {low}, got {value}", name)
-        values[name] = value
-    rank, tail, attempt = values["rank"], values["tail"], values["attempt"]
-    return (
-        int(rank) if rank is not None else None,
-        int(tail) if tail is not None else None,
-        float(values["since"] or 0.0),
-        int(attempt) if attempt is not None else latest,
-    )
+    try:
+        rank = _query_number(q, "rank", int, None, 0)
+        tail = _query_number(q, "tail", int, None, 0)
+        since = _query_number(q, "since", float, 0.0, 0.0) or 0.0
+        attempt = _query_number(q, "attempt", int, latest, 1) or latest
+    except _BadQuery as e:
+        return e.response
+    return (None if rank is None else int(rank)), (None if tail is None else int(tail)), since, int(attempt)
 
 
 def _page(q: Any) -> tuple[dict[str, int], web.Response | None]:
     """offset and limit of a list request, or the 422 naming the bad one."""
-    page: dict[str, int] = {}
-    for name, default, low, high in (("offset", 0, 0, None), ("limit", DEFAULT_PAGE, 1, MAX_PAGE)):
-        try:
-            value = int(q.get(name, default))
-        except ValueError:
-            return page, error_response(422, f"{name}: must be a whole number", name)
-        if value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-            return page, error_response(422, f"{name}: must be {bound}, got {value}", name)
-        page[name] = value
-    return page, None
+    try:
+        offset = _query_number(q, "offset", int, 0, 0) or 0
+        limit = _query_number(q, "limit", int, DEFAULT_PAGE, 1, MAX_PAGE) or DEFAULT_PAGE
+    except _BadQuery as e:
+        return {}, e.response
+    return {"offset": int(offset), "limit": int(limit)}, None
+
+
+class _BadQuery(Exception):
+    def __init__(self, response: web.Response) -> None:
+        self.response = response
+
+
+def _query_number(
+    q: Any, name: str, parse: type[int] | type[float], default: float | None, low: float, high: float | None = None
+) -> float | None:
+    """A number parameter of the query (`default` when absent); _BadQuery with the 422 naming it when it isn't
+    one of `parse`'s kind or lies outside low..high."""
+    if name not in q:
+        return default
+    try:
+        value = parse(q[name])
+    except ValueError:
+        kind = "a whole number" if parse is int else "a number"
+        raise _BadQuery(error_response(422, f"{name}: must be {kind}, got {q[name]!r}", name)) from None
+    if not value >= low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise _BadQuery(error_response(422, f"{name}: must be {bound}, got {value}", name))
+    return value
 
 
 def _listing(
