@@ -123,8 +123,7 @@ class JobCache:
     # -- taking records in -----------------------------------------------------------------------------
     def seen(self, job_id: str, data: bytes | None, state: JobState | None) -> None:
         """A record the store wrote or found stored (None: the job doesn't exist)."""
-        self._writes += 1
-        self._written_at[job_id] = self._writes
+        self._mark(job_id)
         if data is None or state in TERMINAL:
             if self._raw.pop(job_id, None) is not None:
                 self._note_change(job_id)
@@ -150,14 +149,18 @@ class JobCache:
         if self._written_at.get(job_id, 0) > since:
             return
         if raw is not None and self._raw.get(job_id) == raw:
-            self._writes += 1
-            self._written_at[job_id] = self._writes
+            self._mark(job_id)
             return
         rec = JOB_RECORD.decode(raw) if raw is not None else None
         self.seen(job_id, raw, rec.state if rec is not None else None)
         if rec is not None and job_id in self._undecoded:  # decoded already: not again on the next ask
             self._decoded[job_id] = rec
             self._undecoded.discard(job_id)
+
+    def _mark(self, job_id: str) -> None:
+        """Count a record taken in: a read begun before it mustn't undo it (`_take`)."""
+        self._writes += 1
+        self._written_at[job_id] = self._writes
 
     def _note_change(self, job_id: str) -> None:
         changed = self._changed

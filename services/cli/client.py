@@ -104,7 +104,7 @@ class Client:
         hdrs = {"Accept": "application/json", **(headers or {})}
         if data is not None:
             hdrs["Content-Type"] = "application/json"
-        with self._open(method, path, query, hdrs, data) as resp:
+        with self._open(method, path, query, hdrs, data, self.timeout_s) as resp:
             try:
                 status, raw = resp.status, resp.read()
             except OSError as e:  # a reset while reading the answer
@@ -130,17 +130,16 @@ class Client:
         query: Mapping[str, object] | None,
         headers: dict[str, str],
         data: bytes | None,
-        timeout: float | None = -1.0,
+        timeout: float | None,
     ) -> Any:
         """The open answer (a context manager), after waiting out 503s with Retry-After for reads and cancels;
         an error answer raises ApiError, no answer CliError. `timeout` None: no limit (a followed stream)."""
         if self.token:
             headers = {**headers, "Authorization": f"Bearer {self.token}"}
         req = urllib.request.Request(self.url(path, query), data=data, method=method, headers=headers)
-        limit = self.timeout_s if timeout == -1.0 else timeout
         for attempt in range(self.retries + 1):
             try:
-                return urllib.request.urlopen(req, timeout=limit)
+                return urllib.request.urlopen(req, timeout=timeout)
             except urllib.error.HTTPError as e:
                 wait = _retry_after(e) if method in ("GET", "DELETE") and attempt < self.retries else None
                 if wait is None:
