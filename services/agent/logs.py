@@ -31,6 +31,7 @@ class LogShipper:
     def __init__(self, bus: Bus, cmd: StartRank, clock: Callable[[], float]) -> None:
         self.bus, self.cmd, self.clock = bus, cmd, clock
         self.pending: dict[int, Pending] = {}  # the process's RANK → its lines waiting to ship
+        self._by_local: dict[int, Pending] = {}  # the same, by the process's LOCAL_RANK (what the runner says)
         self.shipped = 0  # chunks published
         self._wake = asyncio.Event()
         self._closing = False
@@ -38,10 +39,10 @@ class LogShipper:
 
     def sink(self, local_rank: int, raw: bytes) -> None:
         """A line the node's `local_rank`th process wrote (the runner's `OutputSink`)."""
-        rank = launch.global_rank(self.cmd, local_rank)
-        pending = self.pending.get(rank)
-        if pending is None:
-            pending = self.pending[rank] = Pending()
+        pending = self._by_local.get(local_rank)
+        if pending is None:  # a process's first line: its RANK, once (not for every line)
+            rank = launch.global_rank(self.cmd, local_rank)
+            pending = self._by_local[local_rank] = self.pending[rank] = Pending()
         for line in split_line(raw):
             pending.add(line)
         if pending.size >= LOG_CHUNK_BYTES:
