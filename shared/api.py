@@ -81,6 +81,22 @@ class JobView(msgspec.Struct, kw_only=True):
     exits: list[RankExitView] = []  # its latest attempt's ranks that exited while it ran, by rank
 
 
+class LogLine(msgspec.Struct, kw_only=True):
+    """One line a job's process wrote, as a followed log sends it (`event: line`). A `dropped` line is not the
+    process's but a marker: that many of its lines before this one are missing (`text` says why)."""
+
+    rank: int
+    text: str  # without its newline
+    dropped: int = 0
+
+
+class LogEnd(msgspec.Struct, kw_only=True):
+    """The last event of a followed log (`event: end`): the job has ended and every line it wrote was sent."""
+
+    state: JobState
+    end: str  # why it ended (JobView.end)
+
+
 class JobList(msgspec.Struct, kw_only=True):
     jobs: list[JobView]
     total: int  # jobs matching the filters

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from shared.api import LogLine
 from shared.names import LOG_CHUNK_BYTES
 from shared.schemas import LogChunk
 
@@ -77,31 +78,42 @@ class Pending:
 
 
 def dropped_marker(lines: int, why: str) -> str:
-    return f"[rackscale: {lines} line{'s' if lines != 1 else ''} dropped: {why}]\n"
+    return f"[rackscale: {lines} line{'s' if lines != 1 else ''} dropped: {why}]"
 
 
 @dataclass(slots=True)
-class LogText:
-    """Chunks in stream order (several processes' interleaved as they shipped) to lines, with a marker wherever a
-    process's lines are missing: dropped by its agent, or older chunks the log's cap let go. `prefix`: each line
-    starts with "<rank>: " (for a reader of several ranks). Kept between calls: a follower adds as chunks come."""
+class LogReader:
+    """Chunks in stream order (several processes' interleaved as they shipped) to lines, with a marker line wherever
+    a process's lines are missing: dropped by its agent, or older chunks the log's cap let go. Kept between calls:
+    a follower adds chunks as they come. `resumed`: the reader starts where an earlier one left off (a follower
+    reconnecting after an event id), so a process's first chunk here is not a gap."""
 
-    prefix: bool
+    resumed: bool = False
     expect: dict[int, int] = field(default_factory=dict)  # rank → the line index its next chunk should start at
 
-    def add(self, c: LogChunk) -> list[str]:
-        head = f"{c.rank}: " if self.prefix else ""
-        out: list[str] = []
-        missing = c.first_line - self.expect.get(c.rank, 0) - c.dropped  # lines of chunks no longer held
-        if missing > 0:
-            out.append(head + dropped_marker(missing, "the oldest, past the log's size cap"))
+    def add(self, c: LogChunk) -> list[LogLine]:
+        out: list[LogLine] = []
+        start = self.expect.get(c.rank)
+        missing = 0 if start is None and self.resumed else c.first_line - (start or 0) - c.dropped
+        if missing > 0:  # chunks no longer held
+            out.append(LogLine(rank=c.rank, text=dropped_marker(missing, CAPPED), dropped=missing))
         if c.dropped:
-            out.append(head + dropped_marker(c.dropped, "the process wrote faster than its log shipped"))
-        out += [head + line for line in c.text.splitlines(keepends=True)]
+            out.append(LogLine(rank=c.rank, text=dropped_marker(c.dropped, TOO_FAST), dropped=c.dropped))
+        # split on newlines alone: a carriage return (a progress bar's) stays inside its line
+        out += [LogLine(rank=c.rank, text=line) for line in c.text.split("\n")[:-1]]
         self.expect[c.rank] = c.first_line + c.text.count("\n")
         return out
 
 
+CAPPED = "the oldest, past the log's size cap"
+TOO_FAST = "the process wrote faster than its log shipped"
+
+
+def as_text(line: LogLine, *, prefix: bool) -> str:
+    """A line as plain text answers carry it: with its newline, after "<rank>: " for a reader of several ranks."""
+    return f"{line.rank}: {line.text}\n" if prefix else line.text + "\n"
+
+
 def render(chunks: Iterable[LogChunk], *, prefix: bool) -> list[str]:
-    text = LogText(prefix)
-    return [line for c in chunks for line in text.add(c)]
+    reader = LogReader()
+    return [as_text(line, prefix=prefix) for c in chunks for line in reader.add(c)]

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from shared import sse
+
 URL_ENV = "RACKSCALE_URL"
 TOKEN_ENV = "RACKSCALE_TOKEN"  # the caller's bearer token, when the gateway has RACKSCALE_TOKENS_FILE
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -122,6 +124,21 @@ class Client:
                     yield raw.decode("utf-8", "replace")
             except OSError as e:
                 raise self._unreachable(e) from None
+
+    def events(self, path: str, query: Mapping[str, object] | None, reader: sse.Reader) -> Iterator[sse.Event]:
+        """A server-sent event stream's events as they come, until it closes or the connection drops (then the
+        caller may reconnect: `reader.last_id` goes with it as Last-Event-ID)."""
+        headers = {"Accept": sse.MEDIA_TYPE}
+        if reader.last_id is not None:
+            headers["Last-Event-ID"] = reader.last_id
+        with self._open("GET", path, query, headers, None, timeout=None) as resp:
+            try:
+                while raw := resp.readline():
+                    ev = reader.feed(raw.decode("utf-8", "replace"))
+                    if ev is not None:
+                        yield ev
+            except OSError:
+                return  # dropped: the caller decides whether to go on
 
     def _open(
         self,

@@ -14,10 +14,18 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import msgspec
+
 from services.cli.client import Client, CliError, quote
 from services.cli.cluster import decode_cluster, draw_cluster
+from shared import sse
+from shared.api import LogLine
+from shared.rank_log import as_text
 
 Out = Callable[[str], None]
+LOG_LINE = msgspec.json.Decoder(LogLine)
+FOLLOW_RECONNECTS = 5  # a followed log whose stream drops (a gateway restart) is asked again this many times
+FOLLOW_RECONNECT_S = 1.0
 TENANT_ENV = "RACKSCALE_TENANT"
 
 
@@ -269,11 +277,24 @@ def cancel(args: argparse.Namespace, client: Client, out: Out) -> int:
 
 
 def logs(args: argparse.Namespace, client: Client, out: Out) -> int:
-    """What the job's processes wrote; `-f` goes on as they write until the job has ended."""
-    query = {"rank": args.rank, "tail": args.tail, "attempt": args.attempt, "follow": "true" if args.follow else None}
-    for line in client.lines(f"/v1/jobs/{quote(args.id)}/logs", query):
-        out(line.removesuffix("\n"))
-    return 0
+    """What the job's processes wrote; `-f` goes on as they write until the job has ended (a dropped stream is
+    picked up where it left off, FOLLOW_RECONNECTS times at most)."""
+    path = f"/v1/jobs/{quote(args.id)}/logs"
+    query = {"rank": args.rank, "tail": args.tail, "attempt": args.attempt}
+    if not args.follow:
+        for line in client.lines(path, query):
+            out(line.removesuffix("\n"))
+        return 0
+    reader = sse.Reader()
+    for attempt in range(FOLLOW_RECONNECTS + 1):
+        if attempt:
+            client.sleep(FOLLOW_RECONNECT_S)
+        for ev in client.events(path, {**query, "follow": "true"}, reader):
+            if ev.event == "line":
+                out(as_text(LOG_LINE.decode(ev.data), prefix=args.rank is None).removesuffix("\n"))
+            elif ev.event == "end":
+                return 0
+    raise CliError(f"error: the log stream of {args.id} kept dropping; `rackscale logs {args.id}` shows what came")
 
 
 # -- cluster and nodes -----------------------------------------------------------------------------------------

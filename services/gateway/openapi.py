@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 document served at /openapi.json.
+"""The OpenAPI 3.2 document served at /openapi.json (3.2: event streams are typed, event by event).
 
 Schemas come from the msgspec Structs themselves (`msgspec.json.schema_components`), so the JobBody
 schema is exactly what the decoder accepts. Operations are written out here; a unit test checks that
@@ -13,7 +13,7 @@ import msgspec
 
 from services.gateway import dashboard
 from services.gateway.auth import PUBLIC_PATHS, QUERY_TOKEN, SCHEME
-from shared import api
+from shared import api, sse
 from shared.schemas import JobBody, JobEvent, JobState, NodeChanged
 
 REF = "#/components/schemas/{name}"
@@ -32,6 +32,8 @@ _SCHEMA_TYPES: tuple[Any, ...] = (
     api.Health,
     JobEvent,
     NodeChanged,
+    api.LogLine,
+    api.LogEnd,
 )
 
 
@@ -45,6 +47,34 @@ def _json(schema: str, description: str) -> dict[str, Any]:
 
 def _error(description: str) -> dict[str, Any]:
     return _json("ErrorBody", description)
+
+
+def _events(kinds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """An event stream (OpenAPI 3.2: `itemSchema` describes each event). `kinds`: event name → the schema of its
+    `data`, one line of JSON. Comments (`: connected`, `: keep-alive`) are not events."""
+    return {
+        sse.MEDIA_TYPE: {
+            "itemSchema": {
+                "type": "object",
+                "required": ["event", "data"],
+                "properties": {
+                    "event": {"enum": list(kinds)},
+                    "data": {"type": "string"},
+                    "id": {"type": "string"},
+                    "retry": {"type": "integer", "minimum": 0},
+                },
+                "oneOf": [
+                    {
+                        "properties": {
+                            "event": {"const": kind},
+                            "data": {"contentMediaType": "application/json", "contentSchema": schema},
+                        }
+                    }
+                    for kind, schema in kinds.items()
+                ],
+            }
+        }
+    }
 
 
 _JOB_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}, "description": "job id"}
@@ -136,10 +166,13 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("get", "/v1/jobs/{id}/logs"): {
         "operationId": "getJobLogs",
-        "summary": "What a job's processes wrote (stdout and stderr), as text; `follow` streams it as it ships",
+        "summary": "What a job's processes wrote (stdout and stderr), as text; with `follow`, as events while it ships",
         "description": "Lines of an attempt (default the latest), in the order they shipped. Without `rank` each "
-        "line starts with `<rank>: `. Missing lines are marked: `[rackscale: N lines dropped: ...]`. Kept a week "
-        "at most, the newest 1,024 chunks (at most 16 MiB) a process.",
+        "text line starts with `<rank>: `. Missing lines are marked: `[rackscale: N lines dropped: ...]`. Kept a "
+        "week at most, the newest 1,024 chunks (at most 16 MiB) a process. With `follow=true` the answer is "
+        "server-sent events: `line` (LogLine) for each line, the lines so far first, then as they ship; `end` "
+        "(LogEnd) once the job has ended and its last lines were sent, and the stream closes. A `line` event's "
+        "`id` is its place in the log: a reconnect sending it as `Last-Event-ID` goes on after it.",
         "tags": ["jobs"],
         "parameters": [
             _JOB_ID,
@@ -158,11 +191,25 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                 "in": "query",
                 "required": False,
                 "schema": {"type": "boolean"},
-                "description": "keep the answer open and send lines as they ship, until the job has ended",
+                "description": "answer server-sent events, lines as they ship, until the job has ended",
+            },
+            {
+                "name": "Last-Event-ID",
+                "in": "header",
+                "required": False,
+                "schema": {"type": "integer", "minimum": 0},
+                "description": "with `follow`: the id of the last `line` event a client has (its reconnect goes on "
+                "after it)",
             },
         ],
         "responses": {
-            "200": {"description": "the lines", "content": {"text/plain": {"schema": {"type": "string"}}}},
+            "200": {
+                "description": "the lines: text, or events with `follow`",
+                "content": {
+                    "text/plain": {"schema": {"type": "string"}},
+                    **_events({"line": _ref("LogLine"), "end": _ref("LogEnd")}),
+                },
+            },
             "404": _error("unknown job, or another tenant's"),
             "422": _error("a bad parameter; `field` names it"),
             "503": _error("the job is not recorded yet, or the bus is unavailable"),
@@ -210,13 +257,14 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         ],
         "responses": {
             "200": {
-                "description": "text/event-stream",
-                "content": {
-                    "text/event-stream": {
-                        "schema": {"type": "string"},
-                        "x-event-schemas": {"job": _ref("JobEvent"), "node": _ref("NodeChanged")},
+                "description": "the events, until the client goes away",
+                "content": _events(
+                    {
+                        "job": _ref("JobEvent"),
+                        "node": _ref("NodeChanged"),
+                        "cluster": {"type": "object", "maxProperties": 0},
                     }
-                },
+                ),
             }
         },
     },
@@ -285,13 +333,13 @@ def document() -> dict[str, Any]:
             op["responses"] = {**op["responses"], "401": _error("missing, malformed or unknown bearer token")}
         paths.setdefault(path, {})[method] = op
     return {
-        "openapi": "3.1.0",
+        "openapi": "3.2.0",
         "info": {
             "title": "Rackscale API",
             "version": API_VERSION,
             "description": "Topology-aware GPU scheduler for rack-scale NVLink systems.",
         },
-        "jsonSchemaDialect": "https://spec.openapis.org/oas/3.1/dialect/base",
+        "jsonSchemaDialect": "https://spec.openapis.org/oas/3.2/dialect/2025-09-17",
         "paths": paths,
         # Bearer tokens map to a tenant and a role (services/gateway/auth.py); with no tokens file the API is open.
         "security": [{SCHEME: []}],

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal
@@ -28,11 +27,11 @@ from services.gateway import auth, dashboard, openapi, views
 from services.gateway.auth import Principal, Tokens
 from services.gateway.metrics import cluster_metrics
 from services.gateway.validation import ApiError, check_job, decode_job, decode_json
-from shared import api
+from shared import api, sse
 from shared.core import Topology
 from shared.joblog import read_log
 from shared.metrics import metrics_response
-from shared.rank_log import LogText
+from shared.rank_log import LogReader, as_text
 from shared.runtime import Deps, Service
 from shared.schemas import (
     ADMIN_REPLY,
@@ -70,8 +69,10 @@ DEFAULT_PAGE = 50
 # is checked again against the current one. Without any node registered the current one is always read.
 SUBMIT_TOPOLOGY_MAX_AGE_S = 1.0
 VIEW_RETRY_AFTER_S = 1  # what a 503 during a rebuild of the view asks a client to wait
-FOLLOW_POLL_S = 1.0  # a log follower with nothing new looks at the job's state this often
+FOLLOW_POLL_S = 1.0  # a log follower with nothing new looks at the job's state this often (lines are pushed)
 FOLLOW_END_S = 2.0  # ... and stops this long after the job ended with nothing more shipped
+LAST_EVENT_ID = "Last-Event-ID"  # the header a reconnecting SSE client sends: the last id it heard
+SSE_HEADERS = {"Content-Type": sse.MEDIA_TYPE, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_QUEUE = 1024  # frames buffered per SSE client; a client further behind is disconnected (it reconnects)
 
 DRAIN_BODY = msgspec.json.Decoder(api.DrainBody)
@@ -103,7 +104,7 @@ def _trace_parent(request: web.Request) -> dict[str, str] | None:
 
 # What a user hears instead of another tenant's JobEvent: only that /v1/cluster changed (its GPUs show there as
 # busy and unnamed anyway), so a dashboard redraws; one at most waits in a client's queue.
-CLUSTER_CHANGED = b"event: cluster\ndata: {}\n\n"
+CLUSTER_CHANGED = sse.frame("cluster", b"{}")
 
 
 class _Stream:
@@ -137,9 +138,18 @@ class _Stream:
 class Gateway:
     """Request handlers over explicit dependencies."""
 
-    def __init__(self, deps: Deps, *, keepalive_s: float = 15.0, admin_timeout_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        deps: Deps,
+        *,
+        keepalive_s: float = 15.0,
+        admin_timeout_s: float = 2.0,
+        follow_poll_s: float = FOLLOW_POLL_S,
+        follow_end_s: float = FOLLOW_END_S,
+    ) -> None:
         self.deps = deps
         self.keepalive_s = keepalive_s
+        self.follow_poll_s, self.follow_end_s = follow_poll_s, follow_end_s
         self.admin_timeout_s = admin_timeout_s
         self.topology = TopologyView(deps.store)
         # the largest fleet seen registered: node records are only added (a down node keeps its own), so a
@@ -246,69 +256,83 @@ class Gateway:
     async def logs(self, request: web.Request) -> web.StreamResponse:
         """GET /v1/jobs/{id}/logs: what the job's processes wrote (an attempt's; default the latest), as text.
         `rank` one process's alone (else each line starts with "<rank>: "), `tail` the last N lines, `since` lines
-        shipped from that Unix time on, `follow` keeps the answer open and sends lines as they ship until the job
-        has ended. Another tenant's job answers 404."""
+        shipped from that Unix time on. `follow` answers server-sent events instead (`line`s as they ship, then
+        `end` once the job has ended), ids the log's positions: a reconnect with `Last-Event-ID` goes on after
+        it. Another tenant's job answers 404."""
         job_id, rec = await self._visible_job(request)
         if rec is None:
             return error_response(404, f"unknown job {job_id}")
-        q = request.query
-        parsed = _log_query(q, rec.attempt)
+        parsed = _log_query(request.query, request.headers, rec.attempt)
         if isinstance(parsed, web.Response):
             return parsed
-        rank, tail, since, attempt = parsed
-        follow = q.get("follow", "").lower() in ("1", "true", "yes")
         names = self.deps.names
-        subject = names.job_logs(job_id, attempt, "*" if rank is None else rank)
+        subject = names.job_logs(job_id, parsed.attempt, "*" if parsed.rank is None else parsed.rank)
         stream = names.stream_for(names.logs_all)
-        text = LogText(prefix=rank is None)
-        lines: list[str] = []
-        last_seq = 0
-        async for entry in read_log(self.deps.bus.js, stream, subject):
-            last_seq = entry.seq
-            chunk = _chunk(entry.data)
-            if chunk is not None and chunk.at >= since:
-                lines += text.add(chunk)
-        if tail is not None:
-            lines = lines[-tail:] if tail else []
-        if not follow:
-            return web.Response(text="".join(lines), content_type="text/plain", charset="utf-8")
-        resp = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8", "Cache-Control": "no-cache"})
+        reader = LogReader(resumed=parsed.after is not None)
+        chunks: list[tuple[int, list[api.LogLine]]] = []  # (stream position, its lines)
+        last_seq = parsed.after or 0
+        if parsed.after is None:  # a resumed follower has read what came before
+            async for entry in read_log(self.deps.bus.js, stream, subject):
+                last_seq = entry.seq
+                chunk = _chunk(entry.data)
+                if chunk is not None and chunk.at >= parsed.since:
+                    chunks.append((entry.seq, reader.add(chunk)))
+        if parsed.tail is not None:
+            chunks = _tail(chunks, parsed.tail)
+        if not parsed.follow:
+            prefix = parsed.rank is None
+            text = "".join(as_text(line, prefix=prefix) for _, lines in chunks for line in lines)
+            return web.Response(text=text, content_type="text/plain", charset="utf-8")
+        resp = web.StreamResponse(headers=SSE_HEADERS)
         await resp.prepare(request)
-        await resp.write("".join(lines).encode())
-        await self._follow_logs(resp, job_id, stream, subject, last_seq, text)
+        with contextlib.suppress(ConnectionResetError):  # the client went away
+            await resp.write(sse.CONNECTED + b"".join(_line_frames(seq, lines) for seq, lines in chunks))
+            await self._follow_logs(resp, job_id, stream, subject, last_seq, reader)
         return resp
 
     async def _follow_logs(
-        self, resp: web.StreamResponse, job_id: str, stream: str, subject: str, after: int, text: LogText
+        self, resp: web.StreamResponse, job_id: str, stream: str, subject: str, after: int, reader: LogReader
     ) -> None:
-        """Lines as they ship, until the job has ended and FOLLOW_END_S passed without one (its last lines ship
-        before its end is told), or the client goes away."""
-        came: asyncio.Queue[bytes] = asyncio.Queue()
+        """Lines as they ship (pushed: no poll between a line shipping and its event), until the job has ended and
+        follow_end_s passed without a line (its last lines ship before its end is told), or the gateway stops."""
+        out = _Stream()
 
         async def on_msg(m: Msg) -> None:
             chunk = _chunk(m.data)
             if chunk is not None:
-                came.put_nowait("".join(text.add(chunk)).encode())
+                out.push(_line_frames(m.metadata.sequence.stream, reader.add(chunk)))
 
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1)
         sub = await self.deps.bus.js.subscribe(subject, stream=stream, cb=on_msg, ordered_consumer=True, config=config)
+        self._streams.add(out)
+        clock = self.deps.clock
         try:
             quiet_since: float | None = None
+            idle = 0.0
             while True:
                 try:
-                    await resp.write(await asyncio.wait_for(came.get(), FOLLOW_POLL_S))
-                    quiet_since = None
-                    continue
+                    frame = await asyncio.wait_for(out.queue.get(), self.follow_poll_s)
                 except TimeoutError:
-                    pass
+                    frame = b""
+                if frame is None:
+                    return  # the gateway is stopping
+                if frame:
+                    await resp.write(frame)
+                    quiet_since, idle = None, 0.0
+                    continue
+                idle += self.follow_poll_s
+                if idle >= self.keepalive_s:
+                    await resp.write(sse.KEEP_ALIVE)
+                    idle = 0.0
                 rec = await self.deps.store.get_job(job_id)
                 if rec is None or rec.state in TERMINAL:
-                    quiet_since = quiet_since or time.monotonic()
-                    if time.monotonic() - quiet_since >= FOLLOW_END_S:
+                    quiet_since = quiet_since if quiet_since is not None else clock()
+                    if clock() - quiet_since >= self.follow_end_s:
+                        end = api.LogEnd(state=rec.state if rec else JobState.FAILED, end=rec.end if rec else "")
+                        await resp.write(sse.frame("end", _json.encode(end)))
                         return
-        except ConnectionResetError:
-            pass  # the client went away
         finally:
+            self._streams.discard(out)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
@@ -421,26 +445,24 @@ class Gateway:
             if isinstance(ev, JobEvent) and not who.may_see(ev.tenant):
                 stream.cluster_changed()
                 return
-            kind = b"job" if isinstance(ev, JobEvent) else b"node" if isinstance(ev, NodeChanged) else None
+            kind = "job" if isinstance(ev, JobEvent) else "node" if isinstance(ev, NodeChanged) else None
             if kind is not None:
-                stream.push(b"event: " + kind + b"\ndata: " + _json.encode(ev) + b"\n\n")
+                stream.push(sse.frame(kind, _json.encode(ev)))
 
         nc = self.deps.bus.nc
         names = self.deps.names
         subs = [await nc.subscribe(s, cb=on_msg) for s in (names.job_events_all, names.node_events)]
         self._streams.add(stream)
-        resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        )
+        resp = web.StreamResponse(headers=SSE_HEADERS)
         try:
             await nc.flush()  # the server knows the subscriptions before the client hears "connected"
             await resp.prepare(request)
-            await resp.write(b": connected\n\n")
+            await resp.write(sse.CONNECTED)
             while True:
                 try:
                     frame = await asyncio.wait_for(stream.queue.get(), self.keepalive_s)
                 except TimeoutError:
-                    frame = b": keep-alive\n\n"
+                    frame = sse.KEEP_ALIVE
                 if frame is None:
                     break
                 if frame is CLUSTER_CHANGED:
@@ -550,16 +572,57 @@ def _chunk(data: bytes) -> LogChunk | None:
         return None  # not a chunk: nothing a reader can show
 
 
-def _log_query(q: Any, latest: int) -> tuple[int | None, int | None, float, int] | web.Response:
-    """(rank, tail, since, attempt) of a logs request, or the 422 naming the bad one."""
+class LogQuery(msgspec.Struct, frozen=True, kw_only=True):
+    rank: int | None  # one process's lines, else every process's
+    tail: int | None  # the last N lines
+    since: float  # lines shipped from this Unix time on
+    attempt: int
+    follow: bool  # server-sent events, as lines ship
+    after: int | None  # a reconnecting follower's Last-Event-ID: go on after this position of the log
+
+
+_BOOLEAN = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _log_query(q: Any, headers: Mapping[str, str], latest: int) -> LogQuery | web.Response:
+    """What a logs request asks for, or the 422 naming the bad parameter."""
     try:
         rank = _query_number(q, "rank", int, None, 0)
         tail = _query_number(q, "tail", int, None, 0)
         since = _query_number(q, "since", float, 0.0, 0.0) or 0.0
         attempt = _query_number(q, "attempt", int, latest, 1) or latest
+        after = _query_number(headers, LAST_EVENT_ID, int, None, 0)
     except _BadQuery as e:
         return e.response
-    return (None if rank is None else int(rank)), (None if tail is None else int(tail)), since, int(attempt)
+    follow = _BOOLEAN.get(q.get("follow", "false").lower())
+    if follow is None:
+        return error_response(422, f"follow: must be true or false, got {q['follow']!r}", "follow")
+    return LogQuery(
+        rank=None if rank is None else int(rank),
+        tail=None if tail is None else int(tail),
+        since=since,
+        attempt=int(attempt),
+        follow=follow,
+        after=None if after is None or not follow else int(after),
+    )
+
+
+def _tail(chunks: list[tuple[int, list[api.LogLine]]], n: int) -> list[tuple[int, list[api.LogLine]]]:
+    """The last n lines, still grouped by the chunk they came in."""
+    kept: list[tuple[int, list[api.LogLine]]] = []
+    for seq, lines in reversed(chunks):
+        if n <= 0:
+            break
+        kept.append((seq, lines[-n:]))
+        n -= len(lines)
+    return kept[::-1]
+
+
+def _line_frames(seq: int, lines: list[api.LogLine]) -> bytes:
+    """A chunk's lines as `line` events; the last carries the chunk's position in the log as its id (a follower
+    that reconnects after it has every line of that chunk)."""
+    last = len(lines) - 1
+    return b"".join(sse.frame("line", _json.encode(line), seq if i == last else None) for i, line in enumerate(lines))
 
 
 def _page(q: Any) -> tuple[dict[str, int], web.Response | None]:

@@ -15,9 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.cli.main import main as cli_main
+from shared import sse
 from shared.launch import hostlist
 from tests.e2e.conftest import E2E, StackFactory, wait_until
 
@@ -129,7 +131,7 @@ tokens:
 
 
 async def test_follow_sends_lines_as_they_ship_until_the_job_ends_and_only_to_its_tenant(
-    open_stack: StackFactory, tmp_path: Path
+    open_stack: StackFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(TOKENS)
@@ -137,11 +139,21 @@ async def test_follow_sends_lines_as_they_ship_until_the_job_ends_and_only_to_it
     ticker = "import time\nfor i in range(6):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.3)"
     job = await e2e.submit({"name": "ticker", "tenant": "alice", "gpus": 4, "command": [sys.executable, "-c", ticker]})
     await e2e.wait_state(job, {"running", "succeeded"})
-    async with e2e.http.get(f"{e2e.url}/v1/jobs/{job}/logs", params={"follow": "true", "rank": 0}) as r:
-        assert r.status == 200
-        body = await r.text()  # the answer ends once the job has ended and its last lines shipped
-    assert body.splitlines() == [f"tick {i}" for i in range(6)]
+    events = await follow(e2e, job)  # the answer ends once the job has ended and its last lines shipped
+    ticks = [f"tick {i}" for i in range(6)]
+    assert [(e.event, msgspec.json.decode(e.data)) for e in events] == [
+        *[("line", {"rank": 0, "text": t, "dropped": 0}) for t in ticks],
+        ("end", {"state": "succeeded", "end": "completed"}),
+    ]
     assert (await e2e.job(job))["state"] == "succeeded"
+    # a follower reconnecting after an event's id gets the lines after it, each once
+    first = next(i for i, e in enumerate(events) if e.id is not None)
+    again = await follow(e2e, job, last_event_id=events[first].id)
+    assert [msgspec.json.decode(e.data)["text"] for e in again[:-1]] == ticks[first + 1 :]
+    out: list[str] = []
+    monkeypatch.setenv("RACKSCALE_TOKEN", "alice-logs-token-000001")
+    code = await asyncio.to_thread(cli_main, ["logs", job, "-f", "--url", e2e.url], out.append, out.append)
+    assert (code, out) == (0, [f"0: {t}" for t in ticks])
     fleet = e2e.stack.fleet  # the agents that wrote them go away: the logs stay (they are in JetStream)
     assert fleet is not None
     await fleet.stop()
@@ -154,6 +166,20 @@ async def test_follow_sends_lines_as_they_ship_until_the_job_ends_and_only_to_it
         assert r.status == 404  # another tenant's job: unknown, its logs too
     async with e2e.http.get(f"{e2e.url}/v1/jobs/{job}/logs", params={"tail": "-1"}) as r:
         assert r.status == 422 and (await r.json())["field"] == "tail"
+
+
+async def follow(e2e: E2E, job: str, last_event_id: str | None = None) -> list[sse.Event]:
+    """The events of GET logs?follow=true (rank 0) until the stream closes."""
+    headers = {"Last-Event-ID": last_event_id} if last_event_id else None
+    reader, events = sse.Reader(), []
+    params = {"follow": "true", "rank": 0}
+    async with e2e.http.get(f"{e2e.url}/v1/jobs/{job}/logs", params=params, headers=headers) as r:
+        assert r.status == 200 and r.content_type == sse.MEDIA_TYPE
+        async for raw in r.content:
+            ev = reader.feed(raw.decode())
+            if ev is not None:
+                events.append(ev)
+    return events
 
 
 async def test_a_job_past_its_time_limit_fails_and_frees_its_gpus(open_stack: StackFactory) -> None:

@@ -528,7 +528,7 @@ async def test_openapi_document_is_valid(gw: Gw) -> None:
     assert resp.status == 200
     doc = await resp.json()
     validator.validate(doc)
-    assert doc["openapi"] == "3.1.0" and "/v1/jobs/{id}" in doc["paths"]
+    assert doc["openapi"] == "3.2.0" and "/v1/jobs/{id}" in doc["paths"]
 
 
 async def test_http_errors_answer_json(gw: Gw) -> None:

@@ -366,11 +366,11 @@ def test_every_route_is_documented_and_every_documented_route_exists() -> None:
     assert _app_routes() == documented
 
 
-def test_openapi_is_a_valid_3_1_document() -> None:
+def test_openapi_is_a_valid_3_2_document() -> None:
     import openapi_spec_validator as validator
 
     doc = openapi.document()
-    assert doc["openapi"].startswith("3.1")
+    assert doc["openapi"].startswith("3.2")
     validator.validate(doc)
 
 

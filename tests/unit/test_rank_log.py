@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shared.names import LOG_CHUNK_BYTES
-from shared.rank_log import LINE_MAX_BYTES, LogText, Pending, render, split_line
+from shared.rank_log import LINE_MAX_BYTES, LogReader, Pending, as_text, render, split_line
 from shared.schemas import LogChunk
 
 
@@ -63,5 +63,19 @@ def test_chunks_the_log_let_go_are_marked_and_ranks_keep_their_own_count() -> No
         "1: [rackscale: 1 line dropped: the oldest, past the log's size cap]\n",
         "1: b1\n",
     ]
-    text = LogText(prefix=False)  # a follower adds chunks as they come and keeps count between them
-    assert [text.add(c) for c in stream if c.rank == 0] == [["a0\n"], ["a1\n"], ["a2\n"]]
+    reader = LogReader()  # a follower adds chunks as they come and keeps count between them
+    assert [[line.text for line in reader.add(c)] for c in stream if c.rank == 0] == [["a0"], ["a1"], ["a2"]]
+    resumed = LogReader(resumed=True)  # ... and one reconnecting after rank 1's first chunk sees no gap
+    assert [line.text for c in kept if c.rank == 1 for line in resumed.add(c)] == ["b1", "b2"]
+
+
+def test_a_carriage_return_stays_inside_its_line_and_markers_are_typed() -> None:
+    p = Pending(limit=8)
+    for line in ("one\n", "two\n", "3\r33\n"):
+        p.add(line)
+    lines = LogReader().add(p.take("j", 1, 0, "n0", 0.0))
+    assert [(line.dropped, line.text) for line in lines] == [
+        (2, "[rackscale: 2 lines dropped: the process wrote faster than its log shipped]"),
+        (0, "3\r33"),
+    ]
+    assert as_text(lines[1], prefix=True) == "0: 3\r33\n"
