@@ -13,6 +13,7 @@ import msgspec
 
 from services.gateway import dashboard
 from services.gateway.auth import PUBLIC_PATHS, QUERY_TOKEN, SCHEME
+from services.gateway.validation import IDEMPOTENCY_KEY, MAX_SEQ
 from shared import api, sse
 from shared.schemas import JobBody, JobEvent, JobState, NodeChanged
 
@@ -83,8 +84,9 @@ _IDEMPOTENCY_KEY = {
     "name": "Idempotency-Key",
     "in": "header",
     "required": False,
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-    "description": "Retries with the same key (per tenant) name the same job and are accepted once.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": IDEMPOTENCY_KEY},
+    "description": "Retries with the same key (per tenant) name the same job and are accepted once. Printable "
+    "ASCII. The same key with another job's body answers 422.",
 }
 _LIST_PARAMS = [
     {"name": "tenant", "in": "query", "required": False, "schema": {"type": "string"}},
@@ -197,7 +199,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                 "name": "Last-Event-ID",
                 "in": "header",
                 "required": False,
-                "schema": {"type": "integer", "minimum": 0},
+                "schema": {"type": "integer", "minimum": 0, "maximum": MAX_SEQ},
                 "description": "with `follow`: the id of the last `line` event a client has (its reconnect goes on "
                 "after it)",
             },

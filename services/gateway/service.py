@@ -26,7 +26,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from services.gateway import auth, dashboard, openapi, views
 from services.gateway.auth import Principal, Tokens
 from services.gateway.metrics import cluster_metrics
-from services.gateway.validation import ApiError, check_job, decode_job, decode_json
+from services.gateway.validation import MAX_SEQ, ApiError, check_idempotency_key, check_job, decode_job, decode_json
 from shared import api, sse
 from shared.core import Topology
 from shared.joblog import read_log
@@ -186,8 +186,9 @@ class Gateway:
             return error_response(403, f"this token submits as tenant {who.tenant}, not {body.tenant}", "tenant")
         key = request.headers.get("Idempotency-Key")
         if key is not None:
-            if not 1 <= len(key) <= 255 or not key.isprintable():
-                return error_response(400, "Idempotency-Key must be 1-255 printable characters", "Idempotency-Key")
+            bad = check_idempotency_key(key)
+            if bad is not None:
+                return api_error(bad)
             job_id = idempotent_job_id(body.tenant, key)
             existing = await self.deps.store.get_job(job_id)
             if existing is not None:
@@ -283,18 +284,22 @@ class Gateway:
             prefix = parsed.rank is None
             text = "".join(as_text(line, prefix=prefix) for _, lines in chunks for line in lines)
             return web.Response(text=text, content_type="text/plain", charset="utf-8")
-        resp = web.StreamResponse(headers=SSE_HEADERS)
-        await resp.prepare(request)
-        with contextlib.suppress(ConnectionResetError):  # the client went away
-            await resp.write(sse.CONNECTED + b"".join(_line_frames(seq, lines) for seq, lines in chunks))
-            await self._follow_logs(resp, job_id, stream, subject, last_seq, reader)
-        return resp
+        backlog = b"".join(_line_frames(seq, lines) for seq, lines in chunks)
+        return await self._follow_logs(request, backlog, job_id, stream, subject, last_seq, reader)
 
     async def _follow_logs(
-        self, resp: web.StreamResponse, job_id: str, stream: str, subject: str, after: int, reader: LogReader
-    ) -> None:
-        """Lines as they ship (pushed: no poll between a line shipping and its event), until the job has ended and
-        follow_end_s passed without a line (its last lines ship before its end is told), or the gateway stops."""
+        self,
+        request: web.Request,
+        backlog: bytes,
+        job_id: str,
+        stream: str,
+        subject: str,
+        after: int,
+        reader: LogReader,
+    ) -> web.StreamResponse:
+        """`backlog`, then lines as they ship (pushed: no poll between a line shipping and its event), until the job
+        has ended and follow_end_s passed without a line (its last lines ship before its end is told), or the
+        gateway stops. Subscribed before the answer starts: a bus that refuses still gets a 503."""
         out = _Stream()
 
         async def on_msg(m: Msg) -> None:
@@ -306,7 +311,10 @@ class Gateway:
         sub = await self.deps.bus.js.subscribe(subject, stream=stream, cb=on_msg, ordered_consumer=True, config=config)
         self._streams.add(out)
         clock = self.deps.clock
+        resp = web.StreamResponse(headers=SSE_HEADERS)
         try:
+            await resp.prepare(request)
+            await resp.write(sse.CONNECTED + backlog)
             quiet_since: float | None = None
             idle = 0.0
             while True:
@@ -315,7 +323,7 @@ class Gateway:
                 except TimeoutError:
                     frame = b""
                 if frame is None:
-                    return  # the gateway is stopping
+                    return resp  # the gateway is stopping, or the client fell too far behind (it reconnects)
                 if frame:
                     await resp.write(frame)
                     quiet_since, idle = None, 0.0
@@ -330,7 +338,9 @@ class Gateway:
                     if clock() - quiet_since >= self.follow_end_s:
                         end = api.LogEnd(state=rec.state if rec else JobState.FAILED, end=rec.end if rec else "")
                         await resp.write(sse.frame("end", _json.encode(end)))
-                        return
+                        return resp
+        except ConnectionResetError:
+            return resp  # the client went away
         finally:
             self._streams.discard(out)
             with contextlib.suppress(Exception):
@@ -591,7 +601,7 @@ def _log_query(q: Any, headers: Mapping[str, str], latest: int) -> LogQuery | we
         tail = _query_number(q, "tail", int, None, 0)
         since = _query_number(q, "since", float, 0.0, 0.0) or 0.0
         attempt = _query_number(q, "attempt", int, latest, 1) or latest
-        after = _query_number(headers, LAST_EVENT_ID, int, None, 0)
+        after = _query_number(headers, LAST_EVENT_ID, int, None, 0, MAX_SEQ)
     except _BadQuery as e:
         return e.response
     follow = _BOOLEAN.get(q.get("follow", "false").lower())

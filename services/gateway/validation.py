@@ -23,6 +23,21 @@ from shared.schemas import ENV_TOTAL_MAX, JOB_BODY_JSON, JobBody
 
 T = TypeVar("T")
 
+# An Idempotency-Key is a Structured Field string (draft-ietf-httpapi-idempotency-key-header): printable ASCII.
+# /openapi.json states the same pattern.
+IDEMPOTENCY_KEY = "^[ -~]{1,255}$"
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY)
+
+
+MAX_SEQ = 2**63 - 1  # the largest log position a follower may name as its Last-Event-ID (JetStream's are 64-bit)
+
+
+def check_idempotency_key(key: str) -> ApiError | None:
+    if _IDEMPOTENCY_KEY.match(key) is None:
+        return ApiError(400, "Idempotency-Key must be 1-255 printable ASCII characters", "Idempotency-Key")
+    return None
+
+
 # msgspec appends the location of a bad value: "Expected `int` >= 1 - at `$.topology.segment`".
 _AT = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 # ... and names a missing or unknown key in the message itself.
