@@ -225,12 +225,20 @@ def stop_cause(rec: JobRecord) -> str:
 
 def exited(rec: JobRecord, ev: RankExited, now: float) -> JobRecord | None:
     """A rank ended by itself: the job fails with its first failing rank (or at its time limit), succeeds when
-    every rank exited 0."""
+    every rank exited 0. A rank of the job's attempt that ends after the job did (stopped by a cancel, another
+    rank's failure, the time limit) has its exit recorded too; the job's state and end stay."""
     commit_seen(rec, ev.attempt)
-    if rec.attempt != ev.attempt or rec.state not in HOLDING:
-        return None
     key = f"{ev.node}/{ev.rank}"
-    if key in rec.exit_codes:
+    if rec.attempt != ev.attempt or key in rec.exit_codes:
+        return None
+    if rec.state in TERMINAL:
+        if not any(a.node == ev.node for a in rec.allocation):
+            return None
+        r = _copy(rec)
+        r.exit_codes = {**rec.exit_codes, key: ev.exit_code}
+        r.exit_causes = {**rec.exit_causes, key: rank_cause(ev)}
+        return r
+    if rec.state not in HOLDING:
         return None
     if ev.exit_code == 0 and ev.rank not in rec.started_ranks:
         # a clean exit always follows the rank's start event; both may have been redelivered out of order,

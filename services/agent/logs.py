@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from shared import launch
 from shared.bus import Bus
@@ -27,9 +27,18 @@ RETRY_S = 0.5  # JetStream away: ask again this often
 CLOSE_WAIT_S = 10.0  # at the rank's end, how long shipping what is left may hold back its exit report
 
 
+Wait = Callable[[asyncio.Event, float], Awaitable[None]]
+
+
+async def wait_event(event: asyncio.Event, timeout: float) -> None:
+    """Until `event` is set or `timeout` seconds pass (tests inject one on their own clock)."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), timeout)
+
+
 class LogShipper:
-    def __init__(self, bus: Bus, cmd: StartRank, clock: Callable[[], float]) -> None:
-        self.bus, self.cmd, self.clock = bus, cmd, clock
+    def __init__(self, bus: Bus, cmd: StartRank, clock: Callable[[], float], wait: Wait = wait_event) -> None:
+        self.bus, self.cmd, self.clock, self.wait = bus, cmd, clock, wait
         self.pending: dict[int, Pending] = {}  # the process's RANK → its lines waiting to ship
         self._by_local: dict[int, Pending] = {}  # the same, by the process's LOCAL_RANK (what the runner says)
         self.shipped = 0  # chunks published
@@ -62,8 +71,7 @@ class LogShipper:
 
     async def _run(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), FLUSH_S)
+            await self.wait(self._wake, FLUSH_S)
             self._wake.clear()
             closing = self._closing
             await self._ship()

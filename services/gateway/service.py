@@ -706,9 +706,10 @@ def build_app(
     keepalive_s: float = 15.0,
     admin_timeout_s: float = 2.0,
     tokens: Tokens | None = _FROM_SETTINGS,
+    follow_poll_s: float = FOLLOW_POLL_S,
 ) -> web.Application:
     """The application; `tokens` default: from settings (None: open mode)."""
-    gw = Gateway(deps, keepalive_s=keepalive_s, admin_timeout_s=admin_timeout_s)
+    gw = Gateway(deps, keepalive_s=keepalive_s, admin_timeout_s=admin_timeout_s, follow_poll_s=follow_poll_s)
     if tokens is _FROM_SETTINGS:
         tokens = load_tokens(deps)
     # errors_as_json outermost: whatever the auth layer or a handler raises still answers an ErrorBody

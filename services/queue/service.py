@@ -172,10 +172,16 @@ class QueueService(Service):
     ) -> tuple[JobRecord | None, bool]:
         """`Store.update_job` with a transition of `shared.lifecycle`, keeping the record of a job this replica
         ended until its GPUs are released. An input that came before one it depends on is redelivered later."""
+        before: list[JobState] = []  # the state the recorded change started from (its last try)
+
+        def tracked(r: JobRecord) -> JobRecord | None:
+            before.append(r.state)
+            return change(r)
+
         with _redelivered_if_early():
-            rec, changed = await self.jobs.update(job_id, change)
-        if changed and rec is not None and rec.state in TERMINAL:
-            self._ended[rec.id] = rec
+            rec, changed = await self.jobs.update(job_id, tracked)
+        if changed and rec is not None and rec.state in TERMINAL and before[-1] not in TERMINAL:
+            self._ended[rec.id] = rec  # (a late rank exit recorded on an ended job is not an end)
         return rec, changed
 
     async def _kick_leader(self) -> None:
@@ -333,8 +339,17 @@ class QueueService(Service):
             return
         now = self.now()
 
-        rec, _ = await self._update(ev.job_id, lambda r: lifecycle.exited(r, ev, now))
-        if rec is not None and rec.state in (JobState.SUCCEEDED, JobState.FAILED) and rec.attempt == ev.attempt:
+        before: list[JobState] = []  # the state the recorded change started from (the last try of it)
+
+        def change(r: JobRecord) -> JobRecord | None:
+            before.append(r.state)
+            return lifecycle.exited(r, ev, now)
+
+        rec, changed = await self._update(ev.job_id, change)
+        late = changed and before[-1] in TERMINAL  # a rank of a job that had ended: its exit recorded, no more
+        ended = rec is not None and rec.state in (JobState.SUCCEEDED, JobState.FAILED) and rec.attempt == ev.attempt
+        # (a redelivered exit of an ended job emits and releases again: the first handling may have died before)
+        if ended and not late:
             await self.emit(rec)
             # a job that ended on its own has no rank left to stop (one rank's failure may leave others running)
             await self.release(rec, f"job {rec.state}", stop_ranks=len(rec.exit_codes) < len(rec.allocation))

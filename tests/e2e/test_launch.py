@@ -198,3 +198,26 @@ async def test_a_job_past_its_time_limit_fails_and_frees_its_gpus(open_stack: St
     await wait_until(freed, "the time-limited job's GPUs freed")
     again = await e2e.submit({"name": "after", "tenant": "a", "gpus": 72, "duration_s": 0.1})
     assert (await e2e.wait_terminal([again]))[again]["state"] == "succeeded"  # the whole domain was free
+
+
+async def test_a_cancelled_jobs_ranks_each_say_they_were_cancelled(open_stack: StackFactory) -> None:
+    e2e = await open_stack(domains=1)
+    job = await e2e.submit({"name": "sleepers", "tenant": "a", "gpus": 8, "command": ["sleep", "600"]})
+    await e2e.wait_state(job, {"running"})
+    async with e2e.http.delete(f"{e2e.url}/v1/jobs/{job}") as r:
+        assert r.status == 202
+
+    async def both_told() -> dict[str, Any] | None:
+        view = await e2e.job(job)
+        return view if len(view["exits"]) == 2 else None
+
+    done = await wait_until(both_told, "both ranks' exits recorded after the cancel")
+    assert (done["state"], done["end"]) == ("cancelled", "cancelled")
+    assert [(e["rank"], e["signal"], e["cause"]) for e in done["exits"]] == [
+        (0, "SIGTERM", "cancelled"),
+        (1, "SIGTERM", "cancelled"),
+    ]
+    out: list[str] = []
+    assert await asyncio.to_thread(cli_main, ["job", job, "--url", e2e.url], out.append, out.append) == 0
+    text = "\n".join(out)
+    assert "rank 0 on " in text and text.count("SIGTERM (cancelled)") == 2, text  # each rank's exit, and why

@@ -116,8 +116,8 @@ commit-stale -          -          -          -          -          -          -
 reject       -          pending@2  -          -          -          -          -          -          -
 start        wait       wait       placed@2   -          -          -          -          -          -
 start-stale  -          -          -          -          -          -          -          -          -
-exit-0       wait       wait       wait       running@2  migrating@2 -         -          -          -
-exit-1       wait       wait       failed@2   failed@2   failed@2   -          -          -          -
+exit-0       wait       wait       wait       running@2  migrating@2 -         succeeded@2 failed@2  -
+exit-1       wait       wait       failed@2   failed@2   failed@2   -          succeeded@2 failed@2  -
 exit-stale   -          -          -          -          -          -          -          -          -
 lost         -          -          pending@3  pending@3  pending@3  -          -          -          -
 lost-fail    -          -          failed@2   failed@2   failed@2   -          -          -          -
@@ -202,8 +202,18 @@ def test_a_rank_stopped_at_the_time_limit_fails_the_job_with_that_reason() -> No
     after = lifecycle.exited(running, limited, NOW)
     assert after is not None and (after.state, after.reason) == (JobState.FAILED, lifecycle.TIME_LIMIT)
     assert after.exit_codes == {"n0/0": -15} and after.ended_at == NOW
-    # the other node's rank, stopped by the release, changes nothing after
-    assert lifecycle.exited(after, _exit(1, -15), NOW) is None
+    # the other node's rank, stopped by the release: its exit is recorded, the job's end stays
+    stopped = RankExited(**{**msgspec.structs.asdict(_exit(1, -15)), "cause": "time limit"})
+    later = lifecycle.exited(after, stopped, NOW + 1)
+    assert later is not None and (later.state, later.reason, later.end, later.ended_at) == (
+        JobState.FAILED,
+        lifecycle.TIME_LIMIT,
+        lifecycle.TIME_LIMIT,
+        NOW,
+    )
+    assert later.exit_causes == {"n0/0": "time limit", "n1/1": "time limit"}
+    assert lifecycle.exited(later, stopped, NOW + 2) is None  # once
+    assert lifecycle.exited(later, _exit(2, -15), NOW) is None  # not a node of the job
 
 
 def test_why_each_rank_exited_and_why_the_job_ended() -> None:
