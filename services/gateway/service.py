@@ -304,8 +304,9 @@ class Gateway:
 
         async def on_msg(m: Msg) -> None:
             chunk = _chunk(m.data)
-            if chunk is not None:
-                out.push(_line_frames(m.metadata.sequence.stream, reader.add(chunk)))
+            lines = reader.add(chunk) if chunk is not None else []
+            if lines:
+                out.push(_line_frames(m.metadata.sequence.stream, lines))
 
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1)
         sub = await self.deps.bus.js.subscribe(subject, stream=stream, cb=on_msg, ordered_consumer=True, config=config)
