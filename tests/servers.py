@@ -31,6 +31,7 @@ import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 
 from shared.embedded import EmbeddedNats, EmbeddedSentinel, EmbeddedValkey, Started
+from shared.redis_client import redis_client as make_redis_client
 
 WAIT_S = 30.0
 
@@ -263,3 +264,23 @@ async def swap_in(client: aioredis.Redis, pattern: str, copy: dict[bytes, bytes]
     """The copy takes the place of every key under `pattern` at one instant, as a failover does."""
     keys = list(copy)
     await client.eval(_SWAP_LUA, len(keys), *keys, pattern, *(copy[k] for k in keys))
+
+
+_WIPE_LUA = """
+local keys = redis.call('KEYS', ARGV[1])
+for _, k in ipairs(keys) do
+  redis.call('DEL', k)
+end
+return #keys
+"""
+
+
+async def wipe(url: str, pattern: str) -> int:
+    """Every key under `pattern` gone at one instant, as a server restarted empty has them; returns how many. (A
+    SCAN that deletes as it goes leaves the system time to write, and then deletes what it wrote: a loss no
+    restart causes.)"""
+    client = make_redis_client(url)
+    try:
+        return int(await client.eval(_WIPE_LUA, 0, pattern))
+    finally:
+        await client.aclose()

@@ -20,8 +20,7 @@ import pytest
 from shared.redis_client import redis_client as make_redis_client
 from shared.schemas import Fault
 from tests.e2e.conftest import E2E, TERMINAL, StackFactory, double_bookings, wait_until
-from tests.integration.conftest import delete_redis_namespace
-from tests.servers import snapshot, swap_in
+from tests.servers import snapshot, swap_in, wipe
 
 pytestmark = pytest.mark.asyncio
 
@@ -60,7 +59,7 @@ async def test_an_empty_redis_is_rebuilt_from_the_log_under_load(open_stack: Sta
     ended_before = {j: v for j, v in before.items() if v["state"] in TERMINAL}
 
     # Valkey restarted empty: every key of the cell gone at once
-    deleted = await delete_redis_namespace(redis_url, e2e.names.prefix)
+    deleted = await wipe(redis_url, e2e.names.prefix + "*")
     assert deleted > 0
     answers: dict[int, int] = {}
     probing = True
@@ -119,7 +118,7 @@ async def test_drains_and_fatal_faults_outlive_an_empty_redis(open_stack: StackF
         return verdicts_hold(await nodes())
 
     await wait_until(before, "the drain and the fatal XID in the cluster view")
-    assert await delete_redis_namespace(redis_url, e2e.names.prefix) > 0
+    assert await wipe(redis_url, e2e.names.prefix + "*") > 0
 
     async def every_node_back() -> dict[str, dict[str, Any]] | None:
         seen = await nodes()
