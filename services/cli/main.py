@@ -20,6 +20,8 @@ from pathlib import Path
 from services.cli.args import env_pair, non_negative_int, port, positive_int, seconds
 from shared.core import POLICIES
 
+RUNNABLE = sorted(p for p, cls in POLICIES.items() if not cls.yardstick)  # `ceiling` is for the simulator
+
 Out = Callable[[str], None]
 
 JOB_STATES = ("pending", "placed", "running", "succeeded", "failed", "cancelled", "preempted")
@@ -33,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run Rackscale locally (servers, services, a simulated fleet) until Ctrl-C")
     up.add_argument("--domains", type=positive_int, default=4, help="NVL72 domains to simulate (default 4 = 288 GPUs)")
-    up.add_argument("--policy", choices=sorted(POLICIES), default=None, help="placement policy (default rackscale)")
+    up.add_argument("--policy", choices=RUNNABLE, default=None, help="placement policy (default rackscale)")
     up.add_argument("--host", default=None, help="gateway bind address (default 127.0.0.1)")
     up.add_argument("--port", type=port, default=None, help="gateway port (default 8080; 0 picks a free one)")
     up.add_argument("--nats-url", default=None, help="use this NATS server (default $RACKSCALE_NATS_URL or embedded)")
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the scheduling core alone, live in the terminal (no services)")
     demo.add_argument("--domains", type=positive_int, default=4, help="NVL72 domains to simulate (default 4)")
-    demo.add_argument("--policy", choices=sorted(POLICIES), default="rackscale")
+    demo.add_argument("--policy", choices=RUNNABLE, default="rackscale")
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument("--interval", type=float, default=1.0, help="wall seconds between scheduling ticks")
     demo.add_argument("--ticks", type=int, default=None, help="stop after this many ticks (default: until Ctrl-C)")

@@ -50,6 +50,7 @@ from shared.core import (
     Preempt,
     Reserve,
     Scheduler,
+    get_policy,
     plan_defrag,
     plan_evacuation,
 )
@@ -250,6 +251,8 @@ class Simulator:
         progress: Callable[[float], None] | None = None,
         timer: Callable[[], float] | None = None,
     ) -> None:
+        if get_policy(config.policy).yardstick:  # the ceiling pays no cross-domain cost
+            config = replace(config, slowdown=replace(config.slowdown, comm_share=0.0))
         self.cfg = config
         self.topo = config.fleet.topology()
         self.state = ClusterState(self.topo)

@@ -18,7 +18,7 @@ from typing import Any
 from shared.sim.engine import SimConfig, SimResult, simulate
 from shared.sim.fleet import DAY
 from shared.sim.mapping import MappingConfig, map_jobs, mix, offered_load, scale_to_load, span, window
-from shared.sim.metrics import aggregate, compute, unfinished_reasons
+from shared.sim.metrics import aggregate, compute, headroom, unfinished_reasons
 from shared.sim.traces import LoadedTrace, TraceJob, load_trace
 
 
@@ -188,6 +188,7 @@ def summarise(exp: Experiment, work: Workload, outs: Sequence[RunOut]) -> dict[s
         "policies": policies,
         "spread": spread,
         "per_seed": per_seed,
+        "headroom": headroom(per_seed),
         "unfinished": unfinished,
         "parameters": {
             "traces": [asdict(t) for t in exp.traces],

@@ -14,7 +14,15 @@ a few very long jobs after the last arrival. Definitions (GPU-seconds unless sai
 - ``wait_p50/p95/p99`` (s): first start - submit, over jobs that started (linear-interpolated percentiles).
 - ``jct_mean`` (s): completion - submit over finished jobs; ``slowdown_mean``: JCT / max(duration, 10 s)
   (bounded slowdown), over finished jobs.
-- ``makespan`` (s): last completion (or the run's end) - first submit.
+- ``makespan`` (s): last completion (or the run's end) - first submit. Runs always go on until every job
+  has finished (or nothing more can run), so these are run-to-completion figures beside the in-window ones:
+  ``work_jct_mean`` (s), completion - submit weighted by each finished job's work (GPUs x runtime), so
+  finishing small jobs fast while large ones wait doesn't flatter it; ``unstarted_gpu_h``, the work
+  (GPU-hours) of jobs submitted in the window that hadn't started by its end; ``after_window_share``, the
+  share of all useful work done after the window (the tail in-window goodput doesn't see).
+- ``headroom`` (report.json, with `block` and `ceiling` in the run): per seed (policy - block) /
+  (ceiling - block) of goodput, the share of what placement could win that the policy won; its mean with a
+  95% paired confidence interval over the seeds (Student's t), as for the per-seed goodput ratio to block.
 - ``fragmentation``: time-averaged share of healthy GPUs that were free while the queue head (the first
   job in the cycle's order that didn't start) waited although the free GPUs could hold it in number:
   capacity its shape can't use. ``fragmentation_gpus`` is the same as a GPU count.
@@ -44,6 +52,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from shared.sim.engine import DONE, SimResult
 
@@ -56,6 +65,9 @@ LOWER_IS_BETTER = frozenset(
         "jct_mean",
         "slowdown_mean",
         "makespan",
+        "work_jct_mean",
+        "unstarted_gpu_h",
+        "after_window_share",
         "fragmentation",
         "fragmentation_gpus",
         "large_wait_p95",
@@ -77,6 +89,9 @@ HEADLINE = (
     "jct_mean",
     "slowdown_mean",
     "makespan",
+    "work_jct_mean",
+    "unstarted_gpu_h",
+    "after_window_share",
     "fragmentation",
     "large_avail_gpus",
     "large_avail_share",
@@ -114,7 +129,7 @@ def waits(res: SimResult, large_only: bool = False) -> list[float]:
 
 def compute(res: SimResult) -> dict[str, float | int | None]:
     w0, w1 = res.window
-    useful_w = 0.0
+    useful_w = useful_all = useful_after = 0.0
     sens_total = sens_local = 0.0
     lost = slow_loss = overhead = 0.0
     for a in res.attempts:
@@ -126,6 +141,8 @@ def compute(res: SimResult) -> dict[str, float | int | None]:
                 sens_local += held
         p0 = a.start + a.overhead
         useful_w += a.gpus * _overlap(p0, p0 + a.kept * a.slowdown, w0, w1) / a.slowdown
+        useful_all += a.gpus * a.kept
+        useful_after += a.gpus * _overlap(p0, p0 + a.kept * a.slowdown, w1, math.inf) / a.slowdown
         lost += a.gpus * (a.done - a.kept) * a.slowdown
         slow_loss += a.gpus * a.kept * (a.slowdown - 1.0)
         overhead += a.gpus * a.overhead
@@ -140,6 +157,15 @@ def compute(res: SimResult) -> dict[str, float | int | None]:
         last_end = max(last_end, res.end_time)
     span = max(w1 - w0, 1e-9)
     healthy = res.healthy_gpu_s
+    # run to completion: each finished job's completion time weighted by its work (GPU-s), so a policy can't
+    # look good by finishing many small jobs while the large ones wait past the window
+    done_work = sum(r.job.gpus * r.job.duration_s for r in finished)
+    work_jct = sum(r.job.gpus * r.job.duration_s * (r.end - r.job.submit_s) for r in finished if r.end is not None)
+    unstarted = sum(
+        r.job.gpus * r.job.duration_s
+        for r in res.jobs
+        if r.job.submit_s <= w1 and (r.first_start is None or r.first_start > w1)
+    )
     return {
         "occupancy": res.alloc_gpu_s / healthy if healthy else None,
         "goodput": useful_w / healthy if healthy else None,
@@ -150,6 +176,9 @@ def compute(res: SimResult) -> dict[str, float | int | None]:
         "jct_mean": statistics.fmean(jct) if jct else None,
         "slowdown_mean": statistics.fmean(bsld) if bsld else None,
         "makespan": last_end - first,
+        "work_jct_mean": work_jct / done_work if done_work else None,
+        "unstarted_gpu_h": unstarted / 3600.0,
+        "after_window_share": useful_after / useful_all if useful_all else None,
         "fragmentation": res.frag_gpu_s / healthy if healthy else None,
         "fragmentation_gpus": res.frag_gpu_s / span,
         "large_avail_gpus": res.large_avail_gpu_s / span,
@@ -257,3 +286,50 @@ def finished_work(res: SimResult) -> list[tuple[str, float, float]]:
 
 
 __all__ = ["DONE", "HEADLINE", "LOWER_IS_BETTER", "aggregate", "compute", "gpu_seconds_balance", "percentile"]
+
+
+# two-sided 95% Student's t quantiles by degrees of freedom (1..30); past 30 the normal's 1.96 is close enough
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+        2.045, 2.042)  # fmt: skip
+
+
+def mean_ci(values: Sequence[float]) -> dict[str, float | int | None]:
+    """Mean and the half-width of its 95% confidence interval (None with fewer than 2 values)."""
+    n = len(values)
+    if not n:
+        return {"mean": None, "ci95": None, "n": 0}
+    mean = statistics.fmean(values)
+    if n < 2:
+        return {"mean": mean, "ci95": None, "n": n}
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
+    return {"mean": mean, "ci95": t * statistics.stdev(values) / math.sqrt(n), "n": n}
+
+
+def headroom(
+    per_seed: Mapping[str, Mapping[str, Mapping[str, float | int | None]]], metric: str = "goodput"
+) -> dict[str, dict[str, Any]]:
+    """Per policy, paired over the seeds every run has: the share of the block-to-ceiling gap it captured,
+    (p - block) / (ceiling - block), and its ratio to block; each per seed and as mean_ci. Empty without
+    both `block` and `ceiling`."""
+    if "block" not in per_seed or "ceiling" not in per_seed:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for pol, runs in per_seed.items():
+        captured: dict[str, float] = {}
+        ratio: dict[str, float] = {}
+        for seed in runs:
+            b, c, v = (per_seed[k].get(seed, {}).get(metric) for k in ("block", "ceiling", pol))
+            if b is None or c is None or v is None:
+                continue
+            if c != b:
+                captured[seed] = (float(v) - float(b)) / (float(c) - float(b))
+            if b:
+                ratio[seed] = float(v) / float(b)
+        out[pol] = {
+            "metric": metric,
+            "captured": mean_ci(list(captured.values())),
+            "captured_per_seed": captured,
+            "ratio_to_block": mean_ci(list(ratio.values())),
+        }
+    return out

@@ -28,6 +28,9 @@ LABELS: dict[str, tuple[str, str]] = {
     "jct_mean": ("mean JCT", "time"),
     "slowdown_mean": ("mean bounded slowdown", "x"),
     "makespan": ("makespan", "time"),
+    "work_jct_mean": ("completion time, work-weighted", "time"),
+    "unstarted_gpu_h": ("GPU-h unstarted at the window's end", "num"),
+    "after_window_share": ("useful work done after the window", "pct"),
     "fragmentation": ("fragmentation (free GPUs head can't use)", "pct"),
     "large_avail_gpus": ("large-job availability (GPUs)", "num"),
     "large_avail_share": ("large-job availability / free GPUs", "pct"),
@@ -85,6 +88,14 @@ def fmt_spread(std: float | None, kind: str) -> str:
     return f" ± {std:,.1f}"
 
 
+def fmt_ci(ci: dict[str, Any], kind: str) -> str:
+    """A mean_ci as `mean ± half-width` ("n/a" without a mean)."""
+    mean, half = ci.get("mean"), ci.get("ci95")
+    if mean is None:
+        return "n/a"
+    return fmt_value(mean, kind) + ("" if half is None else fmt_spread(half, kind))
+
+
 def markdown(summary: dict[str, Any], title: str = "Simulation report") -> str:
     pols = list(summary["policies"])
     params = summary["parameters"]
@@ -124,7 +135,18 @@ def markdown(summary: dict[str, Any], title: str = "Simulation report") -> str:
             cell = fmt_value(v, kind) + (fmt_spread(std, kind) if v is not None else "")
             cells.append(f"**{cell}**" if best is not None and v == best else cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    head = summary.get("headroom") or {}
+    if head:
+        rows = (("captured", "goodput headroom captured, block → ceiling"), ("ratio_to_block", "goodput / block's"))
+        for key, label in rows:
+            cells = []
+            for p in pols:
+                ci = head.get(p, {}).get(key, {})
+                cells.append(fmt_ci(ci, "pct" if key == "captured" else "x"))
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "Bold: best of the row. Definitions: docs/evaluation.md and shared/sim/metrics.py."]
+    if head:
+        lines.append("Headroom and ratio: mean over seeds, paired, ± the half-width of a 95% confidence interval.")
     skipped = {k: v for lt in summary.get("loaded", []) for k, v in lt["skipped"].items()}
     if skipped or summary.get("mapping_skipped"):
         lines += [

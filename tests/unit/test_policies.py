@@ -42,7 +42,8 @@ from tests.unit.builders import (
 )
 
 INF = float("inf")
-POLICY_NAMES = ("flat", "tree", "block", "rackscale")
+POLICY_NAMES = ("flat", "tree", "block", "rackscale", "ceiling")
+AS_FLAT = "ceiling"  # the yardstick places as flat does; it differs only in what the simulator charges it
 Expect = dict[str, str | None]
 
 
@@ -422,7 +423,12 @@ CASES = [
     Case("h2-1node", H2, J(4), ALL("d00-n00=1111")),
 ]  # fmt: skip
 
-PARAMS = [pytest.param(c, p, id=f"{c.id}-{p}") for c in CASES for p in POLICY_NAMES if p in c.expect]
+PARAMS = [
+    pytest.param(c, p, id=f"{c.id}-{p}")
+    for c in CASES
+    for p in POLICY_NAMES
+    if ("flat" if p == AS_FLAT else p) in c.expect
+]
 
 
 def check_valid(state: ClusterState, req: Request, got: Placement, honours_required: bool) -> None:
@@ -457,7 +463,7 @@ def test_placement(case: Case, policy: str) -> None:
     before = snapshot(state)
     got = pol.place(state, req, case.ctx())
     assert snapshot(state) == before, "place() changed the state"
-    want = case.expect[policy]
+    want = case.expect["flat" if policy == AS_FLAT else policy]
     picture = f"\n{sketch(state)}\n{policy} -> {layout(topo, got)}"
     if want is None:
         assert got is None, picture
@@ -484,6 +490,8 @@ def test_every_policy_has_cases() -> None:
     assert get_policy("tree").honours_required is False
     assert get_policy("block").honours_required is True
     assert get_policy("rackscale").honours_required is True
+    assert get_policy("ceiling").honours_required is False and get_policy("ceiling").yardstick is True
+    assert not any(get_policy(p).yardstick for p in POLICY_NAMES if p != "ceiling")
     with pytest.raises(ValueError, match="unknown policy"):
         get_policy("nope")
 

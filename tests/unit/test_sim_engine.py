@@ -76,6 +76,8 @@ SPLIT = {
     "tree": {"x": (0, 100, (0,)), "y": (0, 100, (1, 2)), "z": (0, 100, (4, 5))},
     "block": {"x": (0, 100, (4,)), "y": (0, 100, (5, 6)), "z": (0, 100, (0, 1))},
     "rackscale": {"x": (0, 100, (0,)), "y": (0, 100, (1, 2)), "z": (0, 100, (4, 5))},
+    # the yardstick places as flat does and is charged nothing for the split
+    "ceiling": {"x": (0, 100, (0,)), "y": (0, 100, (1, 2)), "z": (0, 100, (3, 4))},
 }
 
 
@@ -89,6 +91,8 @@ def test_split_schedule_and_slowdown(policy: str) -> None:
         # sensitive GPU-time: y 8 GPUs x 100 s local, z 8 x 187.5 split
         assert m["locality"] == pytest.approx(800 / (800 + 1500))
         assert m["slowdown_gpu_h"] == pytest.approx(8 * 87.5 / 3600)
+    elif policy == "ceiling":
+        assert m["locality"] == pytest.approx(800 / (800 + 800)) and m["slowdown_gpu_h"] == 0.0
     else:
         assert m["locality"] == 1.0 and m["slowdown_gpu_h"] == 0.0
 

@@ -124,6 +124,8 @@ class Policy:
     # keep jobs a migration planner can't move (no checkpoint, or spanning domains) together, so other
     # domains stay emptiable by moves; set by the scheduler (CycleConfig.pin_aware), used by rackscale only
     pin_aware = False
+    # a bound to measure against (`ceiling`): the simulator charges it no cross-domain slowdown
+    yardstick = False
 
     # -- entry point -----------------------------------------------------------------------------------
     def place(self, state: ClusterState, req: Request, ctx: Context) -> Placement | None:
