@@ -67,14 +67,21 @@ def _segments(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from shared.sim.experiment import WORKLOADS
     from shared.sim.traces import FORMATS
 
     p.add_argument(
         "--trace",
         action="append",
-        required=True,
         metavar="PATH",
         help="trace file or real-trace folder (e.g. data/traces/philly, data/traces/kalos); repeat to mix traces",
+    )
+    p.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default=None,
+        help="a standard workload instead of --trace/--window-days: light (Kalos + Philly days 50-57), heavy "
+        "(Kalos + Philly days 14-104), philly (days 88-108)",
     )
     p.add_argument(
         "--format",
@@ -220,9 +227,11 @@ class ProgressBar:
 
 
 def build_experiment(args: argparse.Namespace) -> Any:
+    from dataclasses import replace
+
     from shared.core import MigrationBudget
     from shared.sim.engine import SimConfig
-    from shared.sim.experiment import Experiment, TraceSpec
+    from shared.sim.experiment import WORKLOADS, Experiment, TraceSpec
     from shared.sim.fleet import FailureModel, FleetConfig
     from shared.sim.mapping import MappingConfig
     from shared.sim.slowdown import SlowdownModel
@@ -231,15 +240,22 @@ def build_experiment(args: argparse.Namespace) -> Any:
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
         raise SystemExit(f"unknown policy {bad}; choose from {', '.join(sorted(POLICIES))}")
-    n = len(args.trace)
-    fmts = args.format or []
-    wins = args.window_days or []
-    if len(fmts) > n or len(wins) > n:
-        raise SystemExit("give at most one --format and one --window-days per --trace")
-    traces = tuple(
-        TraceSpec(path, fmts[i] if i < len(fmts) else None, wins[i] if i < len(wins) else None, args.limit)
-        for i, path in enumerate(args.trace)
-    )
+    if (args.workload is None) == (not args.trace):
+        raise SystemExit("give either --workload or --trace (one or more)")
+    if args.workload is not None:
+        if args.format or args.window_days:
+            raise SystemExit("--workload sets the traces and their windows: no --format or --window-days with it")
+        traces = tuple(replace(t, limit=args.limit) for t in WORKLOADS[args.workload])
+    else:
+        n = len(args.trace)
+        fmts = args.format or []
+        wins = args.window_days or []
+        if len(fmts) > n or len(wins) > n:
+            raise SystemExit("give at most one --format and one --window-days per --trace")
+        traces = tuple(
+            TraceSpec(path, fmts[i] if i < len(fmts) else None, wins[i] if i < len(wins) else None, args.limit)
+            for i, path in enumerate(args.trace)
+        )
     if args.domains < 1:
         raise SystemExit("--domains must be at least 1")
     mapping = MappingConfig(

@@ -13,6 +13,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from shared.sim.engine import SimConfig, SimResult, simulate
@@ -28,6 +29,25 @@ class TraceSpec:
     fmt: str | None = None
     window_days: tuple[float, float] | None = None  # submit-time window of this trace, in trace days
     limit: int | None = None  # first N usable jobs (by submit time)
+
+
+ROOT = Path(__file__).resolve().parents[2]  # a trace path not found from here is looked up from the repository
+
+# The standard workloads (docs/evaluation.md), by name: `rackscale sim --workload NAME`.
+# - light: Kalos's LLM jobs with Philly days 50-57 as background (the mix of the earlier rounds);
+# - heavy: the same Kalos jobs with Philly days 14-104 as background, as dense as a real shared cluster;
+# - philly: Philly alone, days 88-108.
+WORKLOADS: dict[str, tuple[TraceSpec, ...]] = {
+    "light": (
+        TraceSpec("data/traces/kalos", window_days=(0, 91)),
+        TraceSpec("data/traces/philly", window_days=(50, 57)),
+    ),
+    "heavy": (
+        TraceSpec("data/traces/kalos", window_days=(0, 91)),
+        TraceSpec("data/traces/philly", window_days=(14, 104)),
+    ),
+    "philly": (TraceSpec("data/traces/philly", window_days=(88, 108)),),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +87,8 @@ def prepare(exp: Experiment) -> Workload:
     loaded: list[LoadedTrace] = []
     parts: list[list[TraceJob]] = []
     for ts in exp.traces:
-        lt = load_trace(ts.path, ts.fmt)
+        path = ts.path if Path(ts.path).exists() or Path(ts.path).is_absolute() else str(ROOT / ts.path)
+        lt = load_trace(path, ts.fmt)
         jobs = lt.jobs
         if ts.window_days is not None:
             a, b = ts.window_days

@@ -85,3 +85,26 @@ def test_lending_flags_reach_the_core() -> None:
     assert exp.sim.cycle_config().lend_checkpointable is False and exp.sim.cycle_config().lend_min_nodes == 2
     with pytest.raises(SystemExit):
         parser.parse_args([*base, "--lend-min-nodes", "0"])
+
+
+def test_a_standard_workload_names_its_traces_and_windows(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser(prog="rackscale")
+    sim_cmd.add_arguments(parser)
+    exp = sim_cmd.build_experiment(parser.parse_args(["--workload", "heavy", "--out", "o", "--limit", "10"]))
+    assert [(Path(t.path).name, t.window_days, t.limit) for t in exp.traces] == [
+        ("kalos", (0, 91), 10),
+        ("philly", (14, 104), 10),
+    ]
+    for bad in (["--out", "o"], ["--workload", "light", "--trace", "t.csv", "--out", "o"]):
+        with pytest.raises(SystemExit, match="either --workload or --trace"):
+            sim_cmd.build_experiment(parser.parse_args(bad))
+    with pytest.raises(SystemExit, match="no --format or --window-days"):
+        sim_cmd.build_experiment(parser.parse_args(["--workload", "philly", "--window-days", "1:2", "--out", "o"]))
+    # the repository's traces are found from any directory; the yardstick runs beside the others
+    rc = sim_cmd.main(["--workload", "philly", "--limit", "200", "--domains", "2", "--policy", "block,ceiling",
+                       "--seeds", "1,2", "--out", str(tmp_path), "--quiet", "--no-plots"])  # fmt: skip
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert rc == 0 and report["headroom"]["ceiling"]["captured"]["n"] in (0, 2)
+    assert (
+        "work_jct_mean" in report["policies"]["block"] and "goodput / block's" in (tmp_path / "report.md").read_text()
+    )
