@@ -171,6 +171,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="G:S,...",
         help="segment size by job size: from G GPUs segment S nodes (default 32:4,65:16)",
     )
+    p.add_argument(
+        "--no-pad-segments",
+        action="store_true",
+        help="a node count the segment doesn't divide takes its largest divisor (the earlier rounds), not padding",
+    )
     p.add_argument("--nvlink-min-gpus", type=int, default=8, help="jobs of this many GPUs or more need NVLink")
     p.add_argument("--exact-estimates", action="store_true", help="the scheduler sees true runtimes")
     p.add_argument("--estimate-sigma", type=float, default=0.5)
@@ -265,6 +270,7 @@ def build_experiment(args: argparse.Namespace) -> Any:
         estimate_sigma=args.estimate_sigma,
         estimate_median=args.estimate_median,
         ckpt_share=args.ckpt_share,
+        pad_segments=not args.no_pad_segments,
         **({"segments": args.segments} if args.segments else {}),
     )
     fleet = FleetConfig(args.domains, args.nodes_per_domain, args.gpus_per_node, args.domains_per_leaf)

@@ -12,8 +12,11 @@ Shape (defaults; every number is a `MappingConfig` field and a CLI flag):
 - Segment size per job size, after Slurm's guidance for NVL72 (segment 16 for the largest jobs, 4 for
   32-64 GPUs, single-node jobs need no segment): rules ``(min_gpus, segment)`` (default ``32:4, 65:16``),
   the last rule the job reaches wins; jobs below the first rule (8-31 GPUs, 2-7 nodes) go in one domain
-  whole. When the segment doesn't divide the node count (e.g. 126 nodes and 16), the largest divisor of
-  the node count not above it is used (126 -> 14), counted in the notes. A trace's own segment wins.
+  whole. When the segment doesn't divide the node count (e.g. 126 nodes and 16), the job is padded to
+  whole segments, as users do (126 -> 128 nodes), and runs that many more data-parallel ranks: the same
+  work over more GPUs, so its runtime (and estimate) shrink by nodes / padded nodes (`pad_segments`;
+  off: the largest divisor of the node count not above it, 126 -> segments of 14, as the earlier rounds
+  had it). Counted in the notes either way. A trace's own segment wins.
 - Runtime estimate the scheduler sees: ``duration x F``, ``F = exp(mu + sigma x N(0,1))`` with median
   ``estimate_median`` (1.5: users overestimate, as Slurm studies find) and ``estimate_sigma`` (0.5), seeded
   per job; ``exact_estimates`` uses the true duration instead.
@@ -53,6 +56,7 @@ class MappingConfig:
     exact_estimates: bool = False
     ckpt_share: float = 0.5
     always_ckpt_nodes: int = 16
+    pad_segments: bool = True  # pad a node count the segment doesn't divide to whole segments (see above)
     ckpt_base_s: float = 30.0
     ckpt_per_gpu_s: float = 0.5
 
@@ -118,17 +122,25 @@ def map_job(tj: TraceJob, cfg: MappingConfig, rng: random.Random, notes: Counter
     else:
         need = Need.REQUIRED if gpus >= cfg.nvlink_min_gpus and nodes > 1 else Need.NONE
     segment = tj.segment
+    work_share = 1.0  # of the trace's runtime: less when padding spreads the same work over more nodes
     if segment is None and need is not Need.NONE and nodes > 1:
         want = segment_for(gpus, cfg)
         if want is not None and want < nodes:
-            segment = _largest_divisor_upto(nodes, want)
-            if segment != want:
-                notes[f"segment {want} doesn't divide the node count: largest divisor used"] += 1
+            if nodes % want and cfg.pad_segments:
+                padded = -(-nodes // want) * want
+                work_share = nodes / padded
+                nodes, gpus, segment = padded, padded * per_node, want
+                notes[f"padded to whole segments of {want} nodes"] += 1
+            else:
+                segment = _largest_divisor_upto(nodes, want)
+                if segment != want:
+                    notes[f"segment {want} doesn't divide the node count: largest divisor used"] += 1
     unit = 1 if need is Need.NONE or nodes == 1 else (segment or nodes)
     # draws in a fixed order per job so a seed gives the same estimates whatever else changes
     noise = math.exp(math.log(cfg.estimate_median) + cfg.estimate_sigma * rng.gauss(0.0, 1.0))
     ckpt_draw = rng.random()
-    estimate = tj.duration_s if cfg.exact_estimates else tj.duration_s * noise
+    duration = tj.duration_s * work_share
+    estimate = duration if cfg.exact_estimates else duration * noise
     if tj.checkpointable is not None:
         ckpt = tj.checkpointable
     else:
@@ -147,7 +159,7 @@ def map_job(tj: TraceJob, cfg: MappingConfig, rng: random.Random, notes: Counter
     )
     return SimJob(
         spec=spec,
-        duration_s=tj.duration_s,
+        duration_s=duration,
         nodes=nodes,
         unit_nodes=unit,
         sensitive=need is not Need.NONE and unit > 1,

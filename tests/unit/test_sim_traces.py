@@ -160,7 +160,7 @@ def test_canonical_round_trip(tmp_path: Path) -> None:
         (32, 8, "required", 4, 4),
         (64, 16, "required", 4, 4),
         (128, 32, "required", 16, 16),
-        (504, 126, "required", 14, 14),  # 16 doesn't divide 126: largest divisor below it
+        (504, 128, "required", 16, 16),  # 16 doesn't divide 126 nodes: padded to 128, as users do
         (1024, 256, "required", 16, 16),
     ],
 )
@@ -170,10 +170,28 @@ def test_mapping_to_nvl72(gpus: int, nodes: int, need: str, segment: int | None,
 
     job = map_job(TraceJob("j", 0.0, gpus, 100.0, "t"), MappingConfig(), random.Random(1), Counter())
     assert (job.nodes, str(job.spec.nvlink), job.spec.segment, job.unit_nodes) == (nodes, need, segment, unit)
+    assert job.gpus * job.duration_s == pytest.approx(gpus * 100.0)  # padded or not: the same work
     assert job.large == (nodes >= 16)
-    assert job.ckpt_cost_s == 30 + 0.5 * gpus
+    assert job.ckpt_cost_s == 30 + 0.5 * job.gpus  # the GPUs it holds (padding included)
     if nodes > 16:
         assert job.spec.checkpointable
+
+
+def test_a_segment_that_doesnt_divide_the_job_pads_it_or_takes_the_largest_divisor() -> None:
+    import random
+    from collections import Counter
+
+    notes: Counter[str] = Counter()
+    row = TraceJob("j", 0.0, 504, 100.0, "t")  # 126 nodes, segment 16
+    padded = map_job(row, MappingConfig(exact_estimates=True), random.Random(1), notes)
+    assert (padded.nodes, padded.gpus, padded.spec.segment) == (128, 512, 16)
+    assert padded.duration_s == pytest.approx(100.0 * 126 / 128) == padded.spec.expected_runtime_s
+    old = map_job(row, MappingConfig(pad_segments=False), random.Random(1), notes)
+    assert (old.nodes, old.spec.segment, old.duration_s) == (126, 14, 100.0)
+    assert notes == {
+        "padded to whole segments of 16 nodes": 1,
+        "segment 16 doesn't divide the node count: largest divisor used": 1,
+    }
 
 
 def test_estimates_are_noisy_and_seeded() -> None:
