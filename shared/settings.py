@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, Self
 from urllib.parse import urlsplit
 
 from shared.core.cycle import LEND_MIN_NODES
-from shared.core.policies import POLICIES
+from shared.core.policies import RUNNABLE
 from shared.names import Names
 from shared.redis_client import parse_redis_url
 
@@ -153,7 +153,12 @@ class Settings:
     prefix: str = _env(
         "RACKSCALE_PREFIX", _cell, "rackscale", "prefix of every subject, stream and Redis key", kind="name"
     )
-    policy: str = _env("RACKSCALE_POLICY", _choice(*POLICIES), "rackscale", "placement policy (shared.core.policies)")
+    policy: str = _env(
+        "RACKSCALE_POLICY",
+        _choice(*RUNNABLE),
+        "rackscale",
+        "placement policy (shared.core.policies)",
+    )
     lend_reserved: str = _env(
         "RACKSCALE_LEND_RESERVED",
         _choice("auto", "on", "off"),

@@ -18,9 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from services.cli.args import env_pair, non_negative_int, port, positive_int, seconds
-from shared.core import POLICIES
-
-RUNNABLE = sorted(p for p, cls in POLICIES.items() if not cls.yardstick)  # `ceiling` is for the simulator
+from shared.core.policies import RUNNABLE
 
 Out = Callable[[str], None]
 

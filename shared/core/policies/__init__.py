@@ -13,6 +13,9 @@ POLICIES: dict[str, type[Policy]] = {
     p.name: p for p in (FlatPolicy, TreePolicy, BlockPolicy, RackscalePolicy, CeilingPolicy)
 }
 
+# what a running system may use: the yardstick (`ceiling`) is for the simulator
+RUNNABLE: tuple[str, ...] = tuple(sorted(p for p, cls in POLICIES.items() if not cls.yardstick))
+
 
 def get_policy(name: str) -> Policy:
     try:
@@ -21,4 +24,4 @@ def get_policy(name: str) -> Policy:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None
 
 
-__all__ = ["POLICIES", "Context", "Placement", "Policy", "get_policy"]
+__all__ = ["POLICIES", "RUNNABLE", "Context", "Placement", "Policy", "get_policy"]
