@@ -22,6 +22,7 @@ from services.cli.main import main as cli_main
 from shared import sse
 from shared.launch import hostlist
 from tests.e2e.conftest import E2E, StackFactory, wait_until
+from tests.openapi_events import assert_conforms
 
 pytestmark = pytest.mark.asyncio
 
@@ -146,6 +147,10 @@ async def test_follow_sends_lines_as_they_ship_until_the_job_ends_and_only_to_it
         ("end", {"state": "succeeded", "end": "completed"}),
     ]
     assert (await e2e.job(job))["state"] == "succeeded"
+    async with e2e.http.get(f"{e2e.url}/openapi.json") as r:
+        doc = await r.json()
+    for ev in events:  # each as a schema-checking client reads it against the document
+        assert_conforms(doc, "/v1/jobs/{id}/logs", ev)
     # a follower reconnecting after an event's id gets the lines after it, each once
     first = next(i for i, e in enumerate(events) if e.id is not None)
     again = await follow(e2e, job, last_event_id=events[first].id)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import jsonschema
 import msgspec
 import nats.errors
 import pytest
@@ -24,6 +25,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from services.gateway.service import GatewayService, build_app, idempotent_job_id
+from shared import sse
 from shared.names import Names
 from shared.runtime import Deps
 from shared.schemas import (
@@ -47,6 +49,7 @@ from shared.settings import Settings
 from shared.store import ViewMark
 from shared.tracing import noop_tracer
 from tests.integration.conftest import delete_nats_namespace, delete_redis_namespace
+from tests.openapi_events import assert_conforms
 
 pytestmark = pytest.mark.asyncio
 
@@ -456,6 +459,12 @@ async def test_events_stream_job_and_node_events(gw: Gw) -> None:
 
     assert await _frame(resp) == [": keep-alive"]  # every keepalive_s (0.3 s here, 15 s by default)
     resp.close()
+    # both as a schema-checking client reads them against /openapi.json: typed event by event
+    doc = await (await gw.client.get("/openapi.json")).json()
+    for kind, data in (("job", ev), ("node", node)):
+        assert_conforms(doc, "/v1/events", sse.Event(kind, msgspec.json.encode(data).decode()))
+    with pytest.raises(jsonschema.ValidationError):  # a job event's data isn't a node's
+        assert_conforms(doc, "/v1/events", sse.Event("node", msgspec.json.encode(ev).decode()))
 
 
 # -- meta ------------------------------------------------------------------------------------------------
