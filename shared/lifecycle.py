@@ -231,22 +231,20 @@ def exited(rec: JobRecord, ev: RankExited, now: float) -> JobRecord | None:
     key = f"{ev.node}/{ev.rank}"
     if rec.attempt != ev.attempt or key in rec.exit_codes:
         return None
-    if rec.state in TERMINAL:
-        if not any(a.node == ev.node for a in rec.allocation):
-            return None
-        r = _copy(rec)
-        r.exit_codes = {**rec.exit_codes, key: ev.exit_code}
-        r.exit_causes = {**rec.exit_causes, key: rank_cause(ev)}
-        return r
-    if rec.state not in HOLDING:
+    late = rec.state in TERMINAL  # the job ended before this rank did
+    if late and not any(a.node == ev.node for a in rec.allocation):
         return None
-    if ev.exit_code == 0 and ev.rank not in rec.started_ranks:
+    if not late and rec.state not in HOLDING:
+        return None
+    if not late and ev.exit_code == 0 and ev.rank not in rec.started_ranks:
         # a clean exit always follows the rank's start event; both may have been redelivered out of order,
         # and the job must pass through running
         raise NotYet(f"job {rec.id} rank {ev.rank}: exit before its start")
     r = _copy(rec)
     r.exit_codes = {**rec.exit_codes, key: ev.exit_code}
     r.exit_causes = {**rec.exit_causes, key: rank_cause(ev)}
+    if late:
+        return r
     r.updated_at = now
     if ev.time_limit:
         r.state, r.ended_at, r.reason, r.end = JobState.FAILED, now, TIME_LIMIT, TIME_LIMIT
