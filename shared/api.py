@@ -79,6 +79,9 @@ class JobView(msgspec.Struct, kw_only=True):
     workdir: str = ""
     end: str = ""  # why it ended: completed, failed, time limit, cancelled, node lost ("" while it hasn't)
     exits: list[RankExitView] = []  # its latest attempt's ranks that exited while it ran, by rank
+    # the segment size of its latest attempt's layout (null: none yet, or no segments); a flexible job's
+    # (`topology.segment` a list) is one of the sizes it listed
+    segment: int | None = None
 
 
 class LogLine(msgspec.Struct, kw_only=True):

@@ -3,8 +3,16 @@ to how its processes start (`schemas.Launch`)."""
 
 from __future__ import annotations
 
-from shared.core.shape import JobSpec, Need
-from shared.schemas import JobBody, JobRecord, Launch
+from shared.core.shape import JobSpec, Need, with_segment
+from shared.schemas import JobBody, JobRecord, JobState, Launch
+
+
+def body_segments(body: JobBody) -> tuple[int, ...]:
+    """The segment sizes the body accepts, preferred first (empty: no segments)."""
+    seg = body.topology.segment
+    if seg is None:
+        return ()
+    return (seg,) if isinstance(seg, int) else tuple(seg)
 
 
 def job_spec(body: JobBody, job_id: str, submit_time: float = 0.0) -> JobSpec:
@@ -13,13 +21,15 @@ def job_spec(body: JobBody, job_id: str, submit_time: float = 0.0) -> JobSpec:
     estimate = body.expected_runtime_s if body.expected_runtime_s is not None else body.duration_s
     if body.time_limit_s is not None:
         estimate = min(estimate, body.time_limit_s)
+    segments = body_segments(body)
     return JobSpec(
         id=job_id,
         gpus=body.gpus,
         gpus_per_node=body.gpus_per_node,
         nvlink=Need(body.topology.nvlink),
         level=body.topology.level,
-        segment=body.topology.segment,
+        segment=segments[0] if segments else None,
+        fallback_segments=segments[1:],
         exclusive=body.exclusive,
         priority=body.priority,
         tenant=body.tenant,
@@ -30,8 +40,12 @@ def job_spec(body: JobBody, job_id: str, submit_time: float = 0.0) -> JobSpec:
 
 
 def record_spec(rec: JobRecord) -> JobSpec:
-    """The core's view of a job record: its body, submitted when the queue accepted it."""
-    return job_spec(rec.spec, rec.id, rec.submitted_at)
+    """The core's view of a job record: its body, submitted when the queue accepted it. A job holding (or
+    being given) GPUs is the rigid job of the layout its attempt got; a waiting one may take any of its
+    segments again."""
+    spec = job_spec(rec.spec, rec.id, rec.submitted_at)
+    laid_out = rec.state is not JobState.PENDING or rec.inflight_since is not None
+    return with_segment(spec, rec.segment) if laid_out and rec.segment is not None else spec
 
 
 def launch_of(body: JobBody) -> Launch:

@@ -96,14 +96,16 @@ def cancelled(rec: JobRecord, msg: JobCancel, now: float) -> JobRecord | None:
 
 
 # -- the cycle's decisions -----------------------------------------------------------------------------------
-def ordered(rec: JobRecord, decided_on: int, nodes: list[NodeGpus], now: float) -> JobRecord | None:
-    """The cycle decided the job's next attempt on `nodes`, from the record of attempt `decided_on`: its
-    order is in flight."""
+def ordered(
+    rec: JobRecord, decided_on: int, nodes: list[NodeGpus], now: float, segment: int | None = None
+) -> JobRecord | None:
+    """The cycle decided the job's next attempt on `nodes`, laid out in segments of `segment` nodes, from the
+    record of attempt `decided_on`: its order is in flight."""
     if rec.state is not JobState.PENDING or rec.inflight_since is not None or rec.attempt != decided_on:
         return None  # committed already, cancelled or decided by someone else meanwhile
     r = _copy(rec)
     r.attempt, r.inflight_since, r.allocation = decided_on + 1, now, list(nodes)
-    r.reason, r.updated_at = "placing", now
+    r.reason, r.updated_at, r.segment = "placing", now, segment
     return r
 
 
@@ -152,6 +154,7 @@ def placed(rec: JobRecord, ev: Committed, domains: list[str], now: float) -> Job
         return None  # (an attempt that was placed and is over: a redelivered commit)
     r = _copy(rec)
     r.state, r.attempt, r.allocation = JobState.PLACED, ev.attempt, list(ev.nodes)
+    r.segment = ev.segment or None
     r.domains, r.reason, r.updated_at, r.inflight_since = list(domains), "", now, None
     r.started_ranks, r.exit_codes = [], {}
     return r

@@ -28,9 +28,13 @@ ENV_TOTAL_MAX = 32 * 1024
 Processes = Literal["per_node", "per_gpu"]  # one process per node (torchrun style) or per GPU (srun style)
 
 
+SEGMENTS_MAX = 8  # segment sizes a flexible job may list
+
+
 class TopologyBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True, gc=False):
     nvlink: Literal["required", "preferred", "none"] = "required"
-    segment: Positive | None = None
+    # Slurm's --segment; a list is a flexible job's acceptable sizes, preferred (largest) first
+    segment: Positive | Annotated[list[Positive], msgspec.Meta(min_length=1, max_length=SEGMENTS_MAX)] | None = None
     level: Name = "domain"
 
 
@@ -133,6 +137,7 @@ class JobRecord(msgspec.Struct, kw_only=True, gc=False):
     ran_s: float = 0.0  # run time banked by checkpoints: a restored attempt runs only what is left
     checkpoint: str = ""  # ref of the newest checkpoint ("" none); a restore resumes from it
     move: MoveTicket | None = None  # set while migrating
+    segment: int | None = None  # the segment of the layout its attempt got (a flexible job's may be smaller)
 
 
 class AllocationRecord(msgspec.Struct, kw_only=True, frozen=True, gc=False):
@@ -252,6 +257,7 @@ class PlaceOrder(msgspec.Struct, tag="order.place", kw_only=True, frozen=True):
     domains: list[str] = []  # each node's NVLink domain, parallel to `nodes`
     segments: list[int] = []  # each node's segment index (0 without segments), parallel to `nodes`
     master_port: int = 0
+    segment: int = 0  # the layout's segment size (0: none); placement's commit carries it back
 
 
 class ReleaseOrder(msgspec.Struct, tag="order.release", kw_only=True, frozen=True):
@@ -394,6 +400,7 @@ class Committed(msgspec.Struct, tag="placement.committed", kw_only=True, frozen=
     attempt: int
     nodes: list[NodeGpus]
     at: float
+    segment: int = 0  # the order's layout segment (0: none)
 
 
 class Rejected(msgspec.Struct, tag="placement.rejected", kw_only=True, frozen=True):

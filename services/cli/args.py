@@ -23,6 +23,12 @@ def positive_int(raw: str) -> int:
     return value
 
 
+def segment_sizes(raw: str) -> int | list[int]:
+    """`16` (one segment size) or `16,8` (a flexible job's sizes, preferred first; the gateway checks the order)."""
+    sizes = [positive_int(part.strip()) for part in raw.split(",")]
+    return sizes[0] if len(sizes) == 1 else sizes
+
+
 def non_negative_int(raw: str) -> int:
     value = _number(raw, int, "a whole number")
     if value < 0:

@@ -204,8 +204,12 @@ def describe_job(j: dict[str, Any], now: float) -> str:
     topo = j.get("topology") or {}
     shape = f"{j['gpus']} GPUs" + (f", {j['gpus_per_node']} per node" if j.get("gpus_per_node") else "")
     shape += f", nvlink {topo.get('nvlink', 'required')}"
-    if topo.get("segment"):
-        shape += f", segments of {topo['segment']} nodes"
+    seg = topo.get("segment")
+    if isinstance(seg, list):
+        got = f"; this attempt has {j['segment']}" if j.get("segment") else ""
+        shape += f", segments of {' or '.join(map(str, seg))} nodes{got}"
+    elif seg:
+        shape += f", segments of {seg} nodes"
     if topo.get("level") and topo.get("level") != "domain":
         shape += f", level {topo['level']}"
     flags = [f for f in ("exclusive", "checkpointable") if j.get(f)]

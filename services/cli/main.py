@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from services.cli.args import env_pair, non_negative_int, port, positive_int, seconds
+from services.cli.args import env_pair, non_negative_int, port, positive_int, seconds, segment_sizes
 from shared.core.policies import RUNNABLE
 
 Out = Callable[[str], None]
@@ -62,7 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tenant", default=None, help="tenant (default $RACKSCALE_TENANT or your user name)")
     s.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs on each node (default: whole nodes)")
     s.add_argument("--nvlink", choices=("required", "preferred", "none"), default=None, help="(default required)")
-    s.add_argument("--segment", type=positive_int, default=None, help="nodes per NVLink segment")
+    s.add_argument(
+        "--segment",
+        type=segment_sizes,
+        default=None,
+        help="nodes per NVLink segment; several (16,8): any of them, preferred first",
+    )
     s.add_argument("--level", default=None, help="topology level the job must fit in (default domain)")
     s.add_argument("--priority", type=int, default=None, help="-1000..1000 (default 0)")
     s.add_argument("--checkpointable", action="store_true", help="may be preempted with a checkpoint")

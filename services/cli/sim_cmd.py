@@ -18,7 +18,7 @@ import time
 from typing import Any, TextIO
 
 from services.cli.args import positive_int
-from shared.core import LEND_MIN_NODES, POLICIES
+from shared.core import LEND_MIN_NODES, POLICIES, SlowdownModel
 
 DEFAULT_POLICIES = "flat,tree,block,rackscale"
 
@@ -64,6 +64,16 @@ def _segments(text: str) -> tuple[tuple[int, int], ...]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected MIN_GPUS:SEGMENT,..., got {text!r}") from None
     return tuple(sorted(out))
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share from 0 to 1, got {text!r}")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -176,6 +186,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="a node count the segment doesn't divide takes its largest divisor (the earlier rounds), not padding",
     )
+    p.add_argument(
+        "--flexible-share",
+        type=_share,
+        default=0.0,
+        metavar="F",
+        help="share of the jobs over 16 nodes that also accept segments of 8 (flexible; default 0)",
+    )
+    p.add_argument(
+        "--outer-share",
+        type=float,
+        default=SlowdownModel().outer_share,
+        help="share of a flexible job's step time between its smaller segments (slowdown model)",
+    )
     p.add_argument("--nvlink-min-gpus", type=int, default=8, help="jobs of this many GPUs or more need NVLink")
     p.add_argument("--exact-estimates", action="store_true", help="the scheduler sees true runtimes")
     p.add_argument("--estimate-sigma", type=float, default=0.5)
@@ -239,7 +262,6 @@ def build_experiment(args: argparse.Namespace) -> Any:
     from shared.sim.experiment import WORKLOADS, Experiment, TraceSpec
     from shared.sim.fleet import FailureModel, FleetConfig
     from shared.sim.mapping import MappingConfig
-    from shared.sim.slowdown import SlowdownModel
 
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
     bad = [p for p in policies if p not in POLICIES]
@@ -271,6 +293,7 @@ def build_experiment(args: argparse.Namespace) -> Any:
         estimate_median=args.estimate_median,
         ckpt_share=args.ckpt_share,
         pad_segments=not args.no_pad_segments,
+        flexible_share=args.flexible_share,
         **({"segments": args.segments} if args.segments else {}),
     )
     fleet = FleetConfig(args.domains, args.nodes_per_domain, args.gpus_per_node, args.domains_per_leaf)
@@ -285,7 +308,12 @@ def build_experiment(args: argparse.Namespace) -> Any:
         fleet=fleet,
         outages=tuple(outages),
         failures=FailureModel(args.failures == "on", args.mtbf_days, args.repair_hours),
-        slowdown=SlowdownModel(nvlink_gbps=50.0 * args.bandwidth_ratio, scaleout_gbps=50.0, comm_share=args.comm_share),
+        slowdown=SlowdownModel(
+            nvlink_gbps=50.0 * args.bandwidth_ratio,
+            scaleout_gbps=50.0,
+            comm_share=args.comm_share,
+            outer_share=args.outer_share,
+        ),
         reservations=args.reservations,
         backfill=not args.no_backfill,
         preemption=not args.no_preemption,

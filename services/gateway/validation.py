@@ -17,7 +17,8 @@ from typing import TypeVar
 import msgspec
 
 from shared import launch
-from shared.core import JobSpec, Need, ShapeError, Topology, request
+from shared.core import JobSpec, Need, ShapeError, Topology, request, segments
+from shared.core.shape import check_segment_order
 from shared.jobs import job_spec
 from shared.schemas import ENV_TOTAL_MAX, JOB_BODY_JSON, JobBody
 
@@ -112,8 +113,10 @@ def static_checks(spec: JobSpec) -> None:
     if spec.segment is not None:
         if spec.nvlink is Need.NONE:
             raise ShapeError("segment", "a segmented job needs topology nvlink required or preferred")
-        if nodes is not None and nodes % spec.segment:
-            raise ShapeError("segment", f"{nodes} nodes is not a multiple of segment {spec.segment}")
+        check_segment_order(spec)
+        for seg in segments(spec):
+            if nodes is not None and nodes % seg:
+                raise ShapeError("segment", f"{nodes} nodes is not a multiple of segment {seg}")
 
 
 def check_launch(body: JobBody) -> ApiError | None:

@@ -66,6 +66,7 @@ def job_view(rec: JobRecord, domain_of: Mapping[str, str]) -> JobView:
         workdir=s.workdir,
         end=rec.end,
         exits=rank_exits(rec),
+        segment=rec.segment if rec.allocation else None,
     )
 
 

@@ -90,7 +90,9 @@ class PlacementService(Service):
             nodes = held.nodes if held is not None else order.nodes
         # The commit is stored before any agent hears of the attempt: a rank's start then always follows it in
         # the queue's inbox (at the cost of one more wait on the way to the start).
-        committed = Committed(job_id=order.job_id, attempt=order.attempt, nodes=nodes, at=self.now())
+        committed = Committed(
+            job_id=order.job_id, attempt=order.attempt, nodes=nodes, at=self.now(), segment=order.segment
+        )
         await self.bus.publish(self.names.placement_events, committed, msg_id=f"{key}:committed", headers=headers)
         out = []
         for rank, ng in enumerate(nodes):

@@ -33,7 +33,7 @@ from shared.bus import Outgoing, Retry
 from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
 from shared.held import HeldState, occupy, reserved_domains
 from shared.job_cache import CHANGES_LISTED, JobCache
-from shared.jobs import launch_of, record_spec
+from shared.jobs import body_segments, launch_of, record_spec
 from shared.launch import master_port
 from shared.liveness import Hearing, observe, overdue
 from shared.runtime import Deps, Service
@@ -620,7 +620,7 @@ class QueueService(Service):
         (shared/launch.py): the body's launch settings, each node's domain and segment, the rendezvous port."""
         nodes = rec.allocation
         domain_of = self._topo.domain_of
-        per_segment = rec.spec.topology.segment
+        per_segment = rec.segment or next(iter(body_segments(rec.spec)), 0)
         return PlaceOrder(
             job_id=rec.id,
             attempt=rec.attempt,
@@ -634,13 +634,15 @@ class QueueService(Service):
             domains=[domain_of.get(ng.node, "") for ng in nodes],
             segments=[i // per_segment if per_segment else 0 for i in range(len(nodes))],
             master_port=master_port(rec.id, rec.attempt),
+            segment=per_segment,
         )
 
     async def _order(self, rec: JobRecord, d: Allocate, topo: Any, now: float) -> None:
         nodes = [NodeGpus(n, list(g)) for n, g in d.gpus_by_node(topo).items()]
         attempt = rec.attempt + 1
 
-        order = self._place_order(msgspec.structs.replace(rec, attempt=attempt, allocation=nodes), now)
+        laid_out = msgspec.structs.replace(rec, attempt=attempt, allocation=nodes, segment=d.segment)
+        order = self._place_order(laid_out, now)
         parent = {"traceparent": rec.trace} if rec.trace else None
         attrs = {
             "rackscale.job_id": rec.id,
@@ -658,7 +660,7 @@ class QueueService(Service):
             # is rejected (the job holds GPUs for this attempt, which on_committed adopts).
             await asyncio.gather(  # the order first: it is on the path to the job's start, the mark isn't
                 self.bus.publish(self.names.orders, order, msg_id=f"{rec.id}:{attempt}:place", headers=hdrs),
-                self._update(rec.id, lambda r: lifecycle.ordered(r, rec.attempt, nodes, now)),
+                self._update(rec.id, lambda r: lifecycle.ordered(r, rec.attempt, nodes, now, d.segment)),
             )
 
     async def _expire_inflight(self, rec: JobRecord, now: float) -> None:

@@ -4,11 +4,12 @@ No asyncio, NATS, Redis or clock in here (tests/unit/test_core_purity.py checks 
 state come in, decisions come out. The services, the simulator and the benchmarks all call this code.
 """
 
+from shared.core.comm import SlowdownModel
 from shared.core.cycle import LEND_MIN_NODES, CycleConfig, CycleResult, Scheduler, TenantPolicy, order_jobs
 from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve
 from shared.core.migration import Evacuation, MigrationBudget, Movable, Move, Plan, plan_defrag, plan_evacuation
 from shared.core.policies import POLICIES, Context, Placement, Policy, get_policy
-from shared.core.shape import JobSpec, Need, Request, ShapeError, Slice, request
+from shared.core.shape import JobSpec, Need, Request, ShapeError, Slice, request, segments, with_segment
 from shared.core.state import Allocation, ClusterState, StateError
 from shared.core.statement import Statement
 from shared.core.topology import GpuState, Health, NodeSpec, NodeState, Topology, TopologyError
@@ -44,6 +45,7 @@ __all__ = [
     "Scheduler",
     "ShapeError",
     "Slice",
+    "SlowdownModel",
     "StateError",
     "Statement",
     "TenantPolicy",
@@ -54,4 +56,6 @@ __all__ = [
     "plan_defrag",
     "plan_evacuation",
     "request",
+    "segments",
+    "with_segment",
 ]

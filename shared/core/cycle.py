@@ -15,7 +15,11 @@ Per job, in that order:
    starts (Slurm's rule; estimates are what the scheduler has);
 4. preempt lower-priority jobs when that is the only way (topology-aware: the group that is cheapest
    to free — checkpointable victims first, fewest GPUs — never a scatter of victims across domains);
-5. otherwise the first `reservations` such jobs get a reservation: the earliest time the running jobs'
+5. a flexible job (several segment sizes; policies with `flexible_segments`) whose preferred layout
+   doesn't fit starts with the largest smaller one that fits now, unless the preferred one's forecast
+   start is soon enough to end sooner despite the wait (`_smaller_layout`: the smaller layout runs
+   `SlowdownModel.layout_factor` slower, the communication model the simulator charges);
+6. otherwise the first `reservations` such jobs get a reservation: the earliest time the running jobs'
    expected ends free a fitting layout, whose free nodes are held for the rest of the cycle.
 
 Reservations that stick (policies with `sticky_reservations`, i.e. rackscale): the scheduler remembers the
@@ -42,8 +46,9 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from shared.core.comm import SlowdownModel
 from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve
 from shared.core.policies import Context, Placement, Policy, get_policy
 from shared.core.reasons import duration, explain
@@ -89,6 +94,8 @@ class CycleConfig:
     # together, so the other domains stay emptiable (Policy.pin_aware); off without migration, where the
     # packing it costs buys nothing (measured on the Kalos + Philly mix, docs/evaluation.md)
     pin_aware: bool = False
+    # what a smaller layout of a flexible job costs (the simulator passes the model it charges)
+    comm: SlowdownModel = field(default_factory=SlowdownModel)
     tenants: Mapping[str, TenantPolicy] = field(default_factory=dict)
 
     def tenant(self, name: str) -> TenantPolicy:
@@ -225,6 +232,7 @@ class _Cycle:
             sched.lent = {b: ls for b, ls in sched.lent.items() if b in state.allocs}
         # lowest priority among running jobs: no preemption what-if for jobs at or below it
         self.min_priority: int | None = state.min_priority()
+        self._preferred: tuple[Request, object] | None = None  # `_preferred_start`'s answer for one job
 
     # -- main loop ---------------------------------------------------------------------------------------
     def run(self, pending: Sequence[JobSpec], usage: Mapping[str, float] | None) -> CycleResult:
@@ -284,18 +292,23 @@ class _Cycle:
                 self._allocate(req, placement, end, backfilled=bool(self.holds))
                 return True
             self.failed_shapes.add(req.shape_key)
+        self._preferred = None
+        note = ""  # what a flexible job's smaller layouts add to the pending reason
+        if req.fallbacks and self.policy.flexible_segments:
+            smaller = self._smaller_layout(req, ctx, runtime, demand)
+            if smaller is None:
+                return True
+            note = smaller
         if self.sched.lend and self._reclaim(req, ctx, end):
             return True
-        reason = explain(self.state, req, self.policy.honours_required)
+        reason = explain(self.state, req, self.policy.honours_required) + note
 
         if cfg.backfill and self._borrow(req, ctx, end):
             return True
         if cfg.preemption and self._preempt(req, ctx, end):
             return True
         if len(self.holds) < cfg.reservations:
-            found = self._kept_forecast(req, runtime) if self.reuse_forecasts else None
-            if found is None:
-                found = self._forecast(req, runtime, demand)
+            found = self._preferred_start(req, runtime, demand)
             if found is None:
                 self._pending(job.id, PendingCode.NEVER_FITS, f"{reason}; won't fit even when running jobs end")
                 return None
@@ -321,6 +334,40 @@ class _Cycle:
         self._pending(job.id, PendingCode.NO_FIT, reason + behind)
         return False
 
+    def _preferred_start(self, req: Request, runtime: float, demand: frozenset[int]) -> object:
+        """The reservation forecast for the job's (preferred) layout; asked once per job and cycle."""
+        if self._preferred is None or self._preferred[0] is not req:
+            found = self._kept_forecast(req, runtime) if self.reuse_forecasts else None
+            if found is None:
+                found = self._forecast(req, runtime, demand)
+            self._preferred = (req, found)
+        return self._preferred[1]
+
+    def _smaller_layout(self, req: Request, ctx: Context, runtime: float, demand: frozenset[int]) -> str | None:
+        """Start a flexible job with the largest smaller segment that fits now (None), unless
+        waiting for the preferred layout is expected to end sooner: its forecast start plus the runtime, against
+        now plus the runtime times the smaller layout's slowdown. Otherwise what the pending reason adds."""
+        preferred = req.job.segment
+        assert preferred is not None
+        for alt in req.fallbacks:
+            if alt.shape_key in self.failed_shapes:
+                continue
+            factor = self.cfg.comm.layout_factor(preferred, alt.job.segment or preferred)
+            end = self.now + runtime * factor
+            placement = self.policy.place(self.state, alt, replace(ctx, job_end=end))
+            if placement is None:
+                self.failed_shapes.add(alt.shape_key)
+                continue
+            found = self._preferred_start(req, runtime, demand) if factor > 1.0 else None
+            if isinstance(found, tuple) and found[0] + runtime <= end:
+                return (
+                    f"; segments of {alt.job.segment} nodes fit now, but at {factor:.2f}x the runtime they would "
+                    f"end later than waiting for segments of {preferred}"
+                )
+            self._allocate(alt, placement, end, backfilled=bool(self.holds))
+            return None
+        return ""
+
     # -- outcomes ----------------------------------------------------------------------------------------
     def _pending(self, job_id: str, code: PendingCode, reason: str) -> None:
         self.result.decisions.append(Pending(job_id, code, reason))
@@ -330,7 +377,9 @@ class _Cycle:
         prio = req.job.priority
         self.min_priority = prio if self.min_priority is None else min(self.min_priority, prio)
         self.held[req.job.tenant] = self.held.get(req.job.tenant, 0) + req.job.gpus
-        self.result.decisions.append(Allocate(req.job.id, placement.nodes, placement.masks, end, backfilled))
+        self.result.decisions.append(
+            Allocate(req.job.id, placement.nodes, placement.masks, end, backfilled, req.job.segment)
+        )
 
     # -- reservations ------------------------------------------------------------------------------------
     def _hold(self, job_id: str, start: float, end: float, placement: Placement) -> None:

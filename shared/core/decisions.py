@@ -27,6 +27,7 @@ class Allocate:
     masks: tuple[int, ...]
     expected_end: float
     backfilled: bool = False  # started ahead of a higher-priority job that holds a reservation
+    segment: int | None = None  # the layout's segment (a flexible job's may be smaller than its first)
 
     def gpus_by_node(self, topo: Topology) -> dict[str, tuple[int, ...]]:
         return {topo.node_names[n]: mask_indices(m) for n, m in zip(self.nodes, self.masks, strict=True)}

@@ -8,7 +8,7 @@ same words.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from shared.core.topology import Topology, TopologyError
@@ -45,6 +45,9 @@ class JobSpec:
     nvlink: Need = Need.REQUIRED
     level: str = "domain"  # the level `nvlink` applies to
     segment: int | None = None  # Slurm --segment: groups of this many nodes, each inside one domain
+    # flexible segments: smaller segment sizes the job also accepts, in preference order (`segment` is the
+    # preferred one); the cycle weighs a smaller layout now against the wait for the preferred one
+    fallback_segments: tuple[int, ...] = ()
     slices: tuple[Slice, ...] = ()  # multi-layer, outermost first, e.g. (leaf 48, domain 16)
     exclusive: bool = False  # no other job on the job's nodes
     priority: int = 0
@@ -67,6 +70,8 @@ class Request:
     level: int  # level index the need applies to
     # (level index, nodes per group), outermost first; empty when the job may spill
     slices: tuple[tuple[int, int], ...]
+    # a flexible job's other layouts, one rigid request per fallback segment, in preference order
+    fallbacks: tuple[Request, ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -163,6 +168,34 @@ def request(job: JobSpec, topo: Topology) -> Request:
             )
         layers.append((level, nodes))
 
+    check_segment_order(job)
+    fallbacks = [request(with_segment(job, s), topo) for s in job.fallback_segments]
+
     exclusive = bool(job.exclusive)
     k = node_max if exclusive else per_node
-    return Request(job, nodes, per_node, k, exclusive, need, level, tuple(layers))
+    return Request(job, nodes, per_node, k, exclusive, need, level, tuple(layers), tuple(fallbacks))
+
+
+def check_segment_order(job: JobSpec) -> None:
+    """A flexible job lists its segment sizes largest (preferred) first, each once; raises ShapeError."""
+    if not job.fallback_segments:
+        return
+    if job.segment is None:
+        raise ShapeError("segment", "list fallback segments only after a preferred segment")
+    before = job.segment
+    for s in job.fallback_segments:
+        if _positive_int("segment", s) >= before:
+            raise ShapeError("segment", f"list segment sizes largest (preferred) first, each once: {s} after {before}")
+        before = s
+
+
+def segments(job: JobSpec) -> tuple[int, ...]:
+    """Every segment size the job accepts, preferred first (empty: no segments)."""
+    return () if job.segment is None else (job.segment, *job.fallback_segments)
+
+
+def with_segment(job: JobSpec, segment: int | None) -> JobSpec:
+    """The job as a rigid one laid out with this segment (one of `segments(job)`)."""
+    if segment is None or (segment == job.segment and not job.fallback_segments):
+        return job
+    return replace(job, segment=segment, fallback_segments=())

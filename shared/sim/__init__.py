@@ -12,10 +12,10 @@ where a job goes. Modules, one concept each:
 - `report`: report.json, report.md and PNG plots.
 """
 
+from shared.core.comm import SlowdownModel
 from shared.sim.engine import SimConfig, SimResult, Simulator, simulate
 from shared.sim.fleet import FailureModel, FleetConfig
 from shared.sim.mapping import MappingConfig, SimJob, map_jobs, scale_to_load
-from shared.sim.slowdown import SlowdownModel
 from shared.sim.traces import FORMATS, LoadedTrace, TraceFormatError, TraceJob, load_trace
 
 __all__ = [

@@ -54,9 +54,10 @@ from shared.core import (
     plan_defrag,
     plan_evacuation,
 )
+from shared.core.comm import SlowdownModel
+from shared.core.shape import with_segment
 from shared.sim.fleet import FailureModel, FleetConfig, NodeFailures
 from shared.sim.mapping import SimJob
-from shared.sim.slowdown import SlowdownModel
 
 END, FAIL, REPAIR, TICK = 0, 1, 2, 3
 
@@ -107,6 +108,7 @@ class SimConfig:
             lend_checkpointable=self.lend_reserved if self.lend_reserved is not None else (self.migration or None),
             lend_min_nodes=self.lend_min_nodes,
             pin_aware=self.migration,
+            comm=self.slowdown,  # a flexible job's smaller layout is weighed at what the simulator charges
         )
 
 
@@ -123,6 +125,7 @@ class Attempt:
     cross: float  # share of rank pairs across domains (0: local)
     outcome: str
     nodes: tuple[int, ...] = ()
+    segment: int | None = None  # the layout's segment (a flexible job's may be smaller than its first)
 
 
 @dataclass(slots=True)
@@ -139,6 +142,7 @@ class JobRun:
     slowdown: float = 1.0
     cross: float = 0.0
     nodes: tuple[int, ...] = ()
+    segment: int | None = None  # the running attempt's segment (`Allocate.segment`; a move keeps it)
     reserved_at: float | None = None  # first promised start
     preemptions: int = 0
     kills: int = 0
@@ -252,7 +256,7 @@ class Simulator:
         timer: Callable[[], float] | None = None,
     ) -> None:
         if get_policy(config.policy).yardstick:  # the ceiling pays no cross-domain cost
-            config = replace(config, slowdown=replace(config.slowdown, comm_share=0.0))
+            config = replace(config, slowdown=replace(config.slowdown, comm_share=0.0, outer_share=0.0))
         self.cfg = config
         self.topo = config.fleet.topology()
         self.state = ClusterState(self.topo)
@@ -448,6 +452,7 @@ class Simulator:
                         self.pending.remove(d.job_id)
                         if r.reserved_at is not None and r.first_start is None and t <= r.reserved_at + 1e-6:
                             n_hits += 1
+                        r.segment = d.segment
                         self._start(i, t, d.nodes)
                         running += 1
                         last_change = t
@@ -535,12 +540,18 @@ class Simulator:
         r = self.runs[i]
         job = r.job
         doms = [self.dom_of[n] for n in nodes]
-        cross = self.cfg.slowdown.cross_share(doms, job.unit_nodes) if job.sensitive else 0.0
-        slow = self.cfg.slowdown.factor(cross) if cross else 1.0
+        model, unit, outer = self.cfg.slowdown, job.unit_nodes, 0.0
+        if job.sensitive and r.segment is not None and r.segment < unit:
+            # a flexible job on a smaller layout: its segments must be local, its preferred units may not be
+            outer = model.cross_share(doms, unit)
+            unit = r.segment
+        cross = model.cross_share(doms, unit) if job.sensitive else 0.0
+        slow = model.factor(cross, outer) if cross or outer else 1.0
         if overhead is None:
             overhead = job.ckpt_cost_s if r.remaining < job.duration_s else 0.0
         if self.mig is not None and job.spec.checkpointable:
-            self.movable[job.id] = Movable(r.spec, job.ckpt_cost_s, job.ckpt_cost_s)
+            # moved as the rigid job it now is: its segments stay whole
+            self.movable[job.id] = Movable(with_segment(r.spec, r.segment), job.ckpt_cost_s, job.ckpt_cost_s)
         r.running = True
         r.attempt_no += 1
         r.start, r.overhead, r.slowdown, r.cross, r.nodes = t, overhead, slow, cross, nodes
@@ -559,7 +570,18 @@ class Simulator:
         keep = done if kept is None else kept
         self.attempts.append(
             Attempt(
-                i, r.start, t, r.job.gpus, min(r.overhead, elapsed), keep, done, r.slowdown, r.cross, outcome, r.nodes
+                i,
+                r.start,
+                t,
+                r.job.gpus,
+                min(r.overhead, elapsed),
+                keep,
+                done,
+                r.slowdown,
+                r.cross,
+                outcome,
+                r.nodes,
+                r.segment,
             )
         )
         r.running = False

@@ -17,6 +17,13 @@ Shape (defaults; every number is a `MappingConfig` field and a CLI flag):
   work over more GPUs, so its runtime (and estimate) shrink by nodes / padded nodes (`pad_segments`;
   off: the largest divisor of the node count not above it, 126 -> segments of 14, as the earlier rounds
   had it). Counted in the notes either way. A trace's own segment wins.
+- Flexible segments (issue "Past the rigid ceiling", part 5): of the jobs over `large_nodes` (16) nodes
+  whose segment came from the rules, a share `flexible_share` (default 0: rigid, as the earlier rounds)
+  also accepts the segments `flexible_fallbacks` (default 8) that divide it: ``segment: [16, 8]``, the
+  tensor/expert-parallel groups of a real LLM job fitting a smaller island. Which jobs: one uniform draw
+  per such job from its own seeded stream (``{seed}:shapes``), flexible when below the share, so the other
+  draws (estimates, checkpoints) stay the same whatever the share and a job flexible at 25% is flexible
+  at 50% too.
 - Runtime estimate the scheduler sees: ``duration x F``, ``F = exp(mu + sigma x N(0,1))`` with median
   ``estimate_median`` (1.5: users overestimate, as Slurm studies find) and ``estimate_sigma`` (0.5), seeded
   per job; ``exact_estimates`` uses the true duration instead.
@@ -57,6 +64,8 @@ class MappingConfig:
     ckpt_share: float = 0.5
     always_ckpt_nodes: int = 16
     pad_segments: bool = True  # pad a node count the segment doesn't divide to whole segments (see above)
+    flexible_share: float = 0.0  # of the jobs over `large_nodes` nodes: accept `flexible_fallbacks` too
+    flexible_fallbacks: tuple[int, ...] = (8,)  # smaller segments a flexible job accepts, in preference order
     ckpt_base_s: float = 30.0
     ckpt_per_gpu_s: float = 0.5
 
@@ -107,7 +116,10 @@ def segment_for(gpus: int, cfg: MappingConfig) -> int | None:
     return seg
 
 
-def map_job(tj: TraceJob, cfg: MappingConfig, rng: random.Random, notes: Counter[str]) -> SimJob:
+def map_job(
+    tj: TraceJob, cfg: MappingConfig, rng: random.Random, notes: Counter[str], shapes: random.Random | None = None
+) -> SimJob:
+    """One trace job in the fleet's terms; `shapes` draws which large jobs are flexible (see the module doc)."""
     g = cfg.gpus_per_node
     gpus = tj.gpus
     per_node = tj.gpus_per_node
@@ -135,6 +147,13 @@ def map_job(tj: TraceJob, cfg: MappingConfig, rng: random.Random, notes: Counter
                 segment = _largest_divisor_upto(nodes, want)
                 if segment != want:
                     notes[f"segment {want} doesn't divide the node count: largest divisor used"] += 1
+    fallbacks: tuple[int, ...] = ()
+    # one draw per eligible job whatever the share (see the module doc)
+    eligible = segment is not None and tj.segment is None and nodes > cfg.large_nodes and shapes is not None
+    if eligible and shapes.random() < cfg.flexible_share:
+        fallbacks = tuple(s for s in cfg.flexible_fallbacks if s < segment and nodes % s == 0)
+        if fallbacks:
+            notes["flexible segments"] += 1
     unit = 1 if need is Need.NONE or nodes == 1 else (segment or nodes)
     # draws in a fixed order per job so a seed gives the same estimates whatever else changes
     noise = math.exp(math.log(cfg.estimate_median) + cfg.estimate_sigma * rng.gauss(0.0, 1.0))
@@ -151,6 +170,7 @@ def map_job(tj: TraceJob, cfg: MappingConfig, rng: random.Random, notes: Counter
         gpus_per_node=tj.gpus_per_node,  # None: the core's default (whole nodes, or one node for a small job)
         nvlink=need,
         segment=segment,
+        fallback_segments=fallbacks,
         priority=tj.priority,
         tenant=tj.tenant,
         checkpointable=ckpt,
@@ -172,9 +192,10 @@ def map_job(tj: TraceJob, cfg: MappingConfig, rng: random.Random, notes: Counter
 def map_jobs(trace: Sequence[TraceJob], cfg: MappingConfig, topo: Topology, seed: int) -> Mapped:
     """Map every trace job; jobs the fleet can never hold are skipped with the core's reason."""
     rng = random.Random(f"{seed}:mapping")
+    shapes = random.Random(f"{seed}:shapes")
     out = Mapped([], Counter(), Counter())
     for tj in trace:
-        job = map_job(tj, cfg, rng, out.notes)
+        job = map_job(tj, cfg, rng, out.notes, shapes)
         try:
             request(job.spec, topo)
         except ShapeError as e:

@@ -27,8 +27,8 @@ from services.gateway import openapi
 from services.gateway.service import build_app, idempotent_job_id
 from services.gateway.validation import ApiError, check_job, decode_job, error_field
 from shared.bus import Bus
-from shared.core import ClusterState, CycleConfig, JobSpec, Need, Pending, PendingCode, Scheduler, Topology
-from shared.jobs import job_spec, launch_of
+from shared.core import ClusterState, CycleConfig, JobSpec, Need, Pending, PendingCode, Scheduler, Topology, segments
+from shared.jobs import body_segments, job_spec, launch_of
 from shared.names import Names
 from shared.runtime import Deps
 from shared.schemas import JOB_BODY_JSON, JobBody, Launch, NodeRecord
@@ -108,7 +108,16 @@ BAD = [
     Bad("bad-nvlink", body(topology={"nvlink": "sometimes"}), 422, "topology.nvlink", "Invalid enum value 'sometimes'"),
     Bad("bad-on-failure", body(on_node_failure="retry"), 422, "on_node_failure", "Invalid enum value"),
     Bad("segment-0", body(topology={"segment": 0}), 422, "topology.segment", ">= 1"),
-    Bad("segment-string", body(topology={"segment": "4"}), 422, "topology.segment", "Expected `int | null`, got `str`"),
+    Bad(
+        "segment-string",
+        body(topology={"segment": "4"}),
+        422,
+        "topology.segment",
+        "Expected `int | array | null`, got `str`",
+    ),
+    Bad("segments-empty", body(topology={"segment": []}), 422, "topology.segment", "length >= 1"),
+    Bad("segments-zero", body(topology={"segment": [4, 0]}), 422, "topology.segment[1]", ">= 1"),
+    Bad("segments-too-many", body(topology={"segment": list(range(9, 0, -1))}), 422, "topology.segment", "length <= 8"),
     # -- how the processes start (the launch contract, shared/launch.py)
     Bad("env-not-object", body(env=["A=1"]), 422, "env", "Expected `object`"),
     Bad("env-value-int", body(env={"A": 1}), 422, "env[...]", "Expected `str`, got `int`"),
@@ -170,6 +179,43 @@ BAD = [
         "topology.segment",
         "20 nodes is larger than any NVLink domain (largest: 18 nodes)",
     ),
+    Bad(
+        "segments-increasing",
+        body(gpus=64, topology={"segment": [4, 8]}),
+        422,
+        "topology.segment",
+        "largest (preferred) first, each once: 8 after 4",
+    ),
+    Bad(
+        "segments-repeated-static",
+        body(gpus=64, gpus_per_node=4, topology={"segment": [8, 8]}),
+        422,
+        "topology.segment",
+        "each once: 8 after 8",
+        topo=None,
+    ),
+    Bad(
+        "segments-fallback-not-dividing",
+        body(gpus=64, topology={"segment": [8, 3]}),
+        422,
+        "topology.segment",
+        "16 nodes is not a multiple of segment 3",
+    ),
+    Bad(
+        "segments-fallback-not-dividing-static",
+        body(gpus=64, gpus_per_node=4, topology={"segment": [8, 3]}),
+        422,
+        "topology.segment",
+        "16 nodes is not a multiple of segment 3",
+        topo=None,
+    ),
+    Bad(
+        "segments-preferred-larger-than-domain",
+        body(gpus=80, topology={"segment": [20, 10]}),
+        422,
+        "topology.segment",
+        "20 nodes is larger than any NVLink domain",
+    ),
     Bad("required-bigger-than-domain", body(gpus=80), 422, "gpus", "can't fit in one NVLink domain"),
     Bad("unknown-level", body(topology={"level": "pod"}), 422, "topology.level", "unknown topology level 'pod'"),
 ]
@@ -191,6 +237,8 @@ def test_validation_error(case: Bad) -> None:
         pytest.param(body(), NVL72x2, id="minimal"),
         pytest.param(body(gpus=2), NVL72x2, id="small-on-one-node"),
         pytest.param(body(gpus=64, topology={"segment": 4}), NVL72x2, id="segments"),
+        pytest.param(body(gpus=64, topology={"segment": [16, 8, 4]}), NVL72x2, id="flexible-segments"),
+        pytest.param(body(gpus=64, topology={"segment": [8]}), NVL72x2, id="one-segment-listed"),
         pytest.param(body(gpus=72, topology={"level": "rack"}), NVL72x2, id="level-alias-whole-domain"),
         pytest.param(body(gpus=80, topology={"nvlink": "preferred"}), NVL72x2, id="preferred-may-spill"),
         pytest.param(body(gpus=80, topology={"nvlink": "none"}, priority=-1000), NVL72x2, id="anywhere"),
@@ -203,10 +251,10 @@ def test_valid(data: bytes, topo: Topology | None) -> None:
     assert not isinstance(result, ApiError), result
     job, spec = result
     assert job == JOB_BODY_JSON.decode(data)
-    assert (spec.gpus, spec.tenant, spec.segment, spec.priority) == (
+    assert (spec.gpus, spec.tenant, segments(spec), spec.priority) == (
         job.gpus,
         job.tenant,
-        job.topology.segment,
+        body_segments(job),
         job.priority,
     )
 

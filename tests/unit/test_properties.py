@@ -6,6 +6,8 @@ with `now` advancing and jobs released when their expected end passes, and check
 - no GPU held twice (`state.check()` and a recount from the decisions alone), never a down GPU, never a
   down or draining node in an Allocate, never a preemption of equal or higher priority;
 - block and rackscale keep required jobs in one domain and every slice layer inside one group;
+- a flexible job (several segment sizes) runs with one of its sizes, each segment inside one domain; only
+  rackscale starts one with a smaller size than its first;
 - backfill never delays a reservation: the reserved jobs alone, re-run on the state the cycle left, start
   now or get a reservation no later than before (estimates are exact in the forecast) -- the first one
   always, a later one while every reservation ahead of it is reproduced exactly;
@@ -41,11 +43,14 @@ from shared.core import (
     Preempt,
     Reserve,
     Scheduler,
+    ShapeError,
     Slice,
     TenantPolicy,
     Topology,
     get_policy,
     request,
+    segments,
+    with_segment,
 )
 from shared.core.cycle import HOLD_PREFIX
 
@@ -190,6 +195,21 @@ def random_job(rng: random.Random, topo: Topology, job_id: str, now: float, shor
     )
 
 
+def flexible(rng: random.Random, spec: JobSpec, topo: Topology) -> JobSpec:
+    """Sometimes a segmented job also accepts smaller segments (its own stream: the scenarios stay as they were)."""
+    if spec.segment is None or rng.random() < 0.5:
+        return spec
+    try:
+        nodes = request(spec, topo).nodes
+    except ShapeError:
+        return spec  # stays invalid as it is
+    smaller = _divisors(nodes, spec.segment - 1)
+    if not smaller:
+        return spec
+    picked = sorted(rng.sample(smaller, rng.randint(1, min(3, len(smaller)))), reverse=True)
+    return replace(spec, fallback_segments=tuple(picked))
+
+
 def random_config(rng: random.Random, policy: str) -> CycleConfig:
     tenants = {t: TenantPolicy(weight=rng.choice((0.5, 1.0, 2.0))) for t in TENANTS}
     if rng.random() < 0.3:
@@ -214,6 +234,7 @@ class Ctx:
     policy: str
     cycle: int = 0
     failures: list[str] = field(default_factory=list)
+    smaller: int = 0  # flexible jobs started with a smaller segment than their first
 
     def fail(self, msg: str) -> None:
         self.failures.append(f"seed={self.seed} policy={self.policy} cycle={self.cycle}: {msg}")
@@ -300,8 +321,14 @@ def check_decisions(
             if got != spec.gpus and not spec.exclusive:
                 ctx.fail(f"{d.job_id}: {got} GPUs for a {spec.gpus}-GPU job")
             jobs[d.job_id] = Allocation(d.job_id, d.nodes, d.masks)
+            if d.segment not in (segments(spec) or (None,)):
+                ctx.fail(f"{d.job_id}: laid out with segment {d.segment}, not one of {segments(spec)}")
+            elif d.segment != spec.segment:
+                ctx.smaller += 1
+                if not get_policy(config.policy).flexible_segments:
+                    ctx.fail(f"{d.job_id}: {config.policy} took segment {d.segment}, not the first {spec.segment}")
             if policy_honours:
-                check_layers(ctx, topo, spec, d)
+                check_layers(ctx, topo, with_segment(spec, d.segment), d)
     # the recount matches the state
     for j, a in after.allocs.items():
         if j.startswith(HOLD_PREFIX):
@@ -395,6 +422,16 @@ def check_reservations(
 # ------------------------------------------------------------------------------------------------ scenario
 def scenario(seed: int, policy: str, check: bool = True) -> tuple[list[list[object]], list[str]]:
     """Run CYCLES cycles; returns the decisions per cycle and the property failures."""
+    history, ctx = _scenario(seed, policy, check)
+    return history, ctx.failures
+
+
+def scenario_ctx(seed: int, policy: str) -> Ctx:
+    """A checked scenario's findings."""
+    return _scenario(seed, policy, True)[1]
+
+
+def _scenario(seed: int, policy: str, check: bool) -> tuple[list[list[object]], Ctx]:
     rng = random.Random(seed)
     state, health = random_state(rng)
     config = random_config(rng, policy)
@@ -411,10 +448,11 @@ def scenario(seed: int, policy: str, check: bool = True) -> tuple[list[list[obje
     # every other cycle or so keeps last cycle's forecasts, as the running system's kicked cycles do (its own
     # stream: the scenarios, and the regression seeds among them, stay what they were)
     reuse_rng = random.Random(seed * 7919 + 1)
+    flex_rng = random.Random(seed * 7919 + 2)
     for c in range(CYCLES):
         ctx.cycle = c
         for _ in range(rng.randint(3, 12) if c == 0 else rng.randint(0, 6)):
-            spec = random_job(rng, state.topo, f"j{next_id}", now, short)
+            spec = flexible(flex_rng, random_job(rng, state.topo, f"j{next_id}", now, short), state.topo)
             next_id += 1
             pending[spec.id] = spec
             known[spec.id] = spec
@@ -440,7 +478,7 @@ def scenario(seed: int, policy: str, check: bool = True) -> tuple[list[list[obje
         for a in list(state.allocs.values()):
             if a.expected_end <= now:
                 state.release(a.job_id)
-    return history, ctx.failures
+    return history, ctx
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -492,4 +530,21 @@ def test_generators_cover_the_space() -> None:
                     seen.add(str(d.code))
                 if isinstance(d, Allocate) and d.backfilled:
                     seen.add("backfilled")
-    assert {"Allocate", "Reserve", "Preempt", "Pending", "backfilled", "invalid", "no_fit"} <= seen, seen
+                if isinstance(d, Allocate) and d.segment is not None and "j" in d.job_id:
+                    seen.add("segmented")
+                if isinstance(d, Pending | Reserve) and "fit now, but at" in getattr(d, "reason", ""):
+                    seen.add("waits for its preferred segments")
+    smaller = sum(scenario_ctx(seed, "rackscale").smaller for seed in SEEDS)
+    if smaller:
+        seen.add("smaller segments")
+    assert {
+        "Allocate",
+        "Reserve",
+        "Preempt",
+        "Pending",
+        "backfilled",
+        "invalid",
+        "no_fit",
+        "segmented",
+        "smaller segments",
+    } <= seen, seen

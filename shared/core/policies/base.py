@@ -126,6 +126,9 @@ class Policy:
     pin_aware = False
     # a bound to measure against (`ceiling`): the simulator charges it no cross-domain slowdown
     yardstick = False
+    # a flexible job may start with a smaller segment it accepts (cycle.py weighs it against the wait for
+    # its preferred one); off, it always waits for its first-listed segment, as Slurm's --segment would
+    flexible_segments = False
 
     # -- entry point -----------------------------------------------------------------------------------
     def place(self, state: ClusterState, req: Request, ctx: Context) -> Placement | None:

@@ -70,6 +70,7 @@ class RackscalePolicy(Policy):
     prefer_healthy_gpus = True
     sticky_reservations = True
     lends_reserved = True
+    flexible_segments = True
 
     # -- scoring ---------------------------------------------------------------------------------------
     def _tables(self, pk: Picker, level: int, ctx: Context) -> tuple[int, tuple[int, ...]] | None:
