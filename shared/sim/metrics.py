@@ -36,7 +36,10 @@ a few very long jobs after the last arrival. Definitions (GPU-seconds unless sai
   ``reservation_hit_rate`` = hits / reservations.
 - ``failures``, ``failure_kills``: node failures and the job attempts they killed;
   ``lost_gpu_h``: GPU-hours of work lost to kills; ``slowdown_gpu_h``: GPU-hours lost to cross-domain
-  slowdown; ``overhead_gpu_h``: restore time (and the pauses of moved jobs).
+  slowdown (a flexible job's smaller layout included); ``overhead_gpu_h``: restore time (and the pauses of
+  moved jobs).
+- ``smaller_layout_share``: of the GPU-hours flexible jobs (several segment sizes) held, the share on a
+  smaller segment than their first (``null`` without flexible jobs).
 - With migration on (``--migration on``) also: ``migrations`` (every move of the run), ``moves_per_day``
   (moves inside the window per window day), ``defrag_plans`` / ``defrag_moves`` / ``staged_plans``,
   ``evac_moves`` (jobs moved off a failed node instead of requeued; ``evac_in_place``: only the failed
@@ -132,9 +135,14 @@ def compute(res: SimResult) -> dict[str, float | int | None]:
     useful_w = useful_all = useful_after = 0.0
     sens_total = sens_local = 0.0
     lost = slow_loss = overhead = 0.0
+    flex_total = flex_smaller = 0.0
     for a in res.attempts:
         job = res.jobs[a.job].job
         held = a.gpus * (a.end - a.start)
+        if job.spec.fallback_segments:
+            flex_total += held
+            if a.segment != job.spec.segment:
+                flex_smaller += held
         if job.sensitive:
             sens_total += held
             if a.cross == 0.0:
@@ -199,6 +207,8 @@ def compute(res: SimResult) -> dict[str, float | int | None]:
         "healthy_gpu_h": healthy / 3600.0,
         "lost_gpu_h": lost / 3600.0,
         "slowdown_gpu_h": slow_loss / 3600.0,
+        # of the GPU-h flexible jobs held, the share on a smaller segment than their first (null: none flexible)
+        "smaller_layout_share": flex_smaller / flex_total if flex_total else None,
         "overhead_gpu_h": overhead / 3600.0,
         "events": res.events,
         "cycles": res.cycles,

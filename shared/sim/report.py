@@ -44,6 +44,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "lost_gpu_h": ("GPU-h lost to kills", "num"),
     "slowdown_gpu_h": ("GPU-h lost to cross-domain slowdown", "num"),
     "unfinished": ("unfinished jobs", "num"),
+    "smaller_layout_share": ("flexible jobs' GPU-h on a smaller segment", "pct"),
     "moves_per_day": ("moves per day", "num"),
     "defrag_moves": ("defragmentation moves", "num"),
     "evac_moves": ("evacuation moves (off failed nodes)", "num"),
@@ -122,7 +123,10 @@ def markdown(summary: dict[str, Any], title: str = "Simulation report") -> str:
     )
     lines += ["", "| metric | " + " | ".join(pols) + " |", "| --- |" + " ---: |" * len(pols)]
     mig = MIGRATION_ROWS if params.get("migration") else ()
-    for key in (*HEADLINE, "failure_kills", "lost_gpu_h", "slowdown_gpu_h", "unfinished", *mig):
+    flexible = (
+        ("smaller_layout_share",) if any(summary["policies"][p].get("smaller_layout_share") for p in pols) else ()
+    )
+    for key in (*HEADLINE, "failure_kills", "lost_gpu_h", "slowdown_gpu_h", "unfinished", *flexible, *mig):
         label, kind = LABELS.get(key, (key, "num"))
         vals = [summary["policies"][p].get(key) for p in pols]
         present = [v for v in vals if v is not None]
