@@ -345,6 +345,7 @@ def event_of(rec: JobRecord) -> JobEvent:
         checkpoint=rec.checkpoint,
         ran_s=rec.ran_s,
         end=rec.end,
+        segment=(rec.segment or 0) if holding else 0,
     )
 
 
@@ -388,6 +389,7 @@ def recorded(rec: JobRecord, ev: JobEvent) -> JobRecord | None:
         r.allocation, r.domains = [], []
     if ev.state in HOLDING:
         r.allocation, r.domains = list(ev.nodes), list(ev.domains) or r.domains
+        r.segment = ev.segment or r.segment
     if ev.state is JobState.RUNNING and r.started_at is None:
         r.started_at = ev.at
     if ev.state in TERMINAL:

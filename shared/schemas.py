@@ -486,6 +486,7 @@ class JobEvent(msgspec.Struct, tag="job.event", kw_only=True, frozen=True):
     checkpoint: str = ""  # the newest checkpoint, and the run time it banked
     ran_s: float = 0.0
     end: str = ""  # JobRecord.end: why it ended
+    segment: int = 0  # JobRecord.segment while it holds GPUs (0: none)
 
 
 class Reservations(msgspec.Struct, kw_only=True):

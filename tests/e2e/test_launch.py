@@ -226,3 +226,51 @@ async def test_a_cancelled_jobs_ranks_each_say_they_were_cancelled(open_stack: S
     assert await asyncio.to_thread(cli_main, ["job", job, "--url", e2e.url], out.append, out.append) == 0
     text = "\n".join(out)
     assert "rank 0 on " in text and text.count("SIGTERM (cancelled)") == 2, text  # each rank's exit, and why
+
+
+SEGMENT_ENV = r"""
+import json, os, sys
+e = os.environ
+json.dump({k: e.get(k) for k in ("RACKSCALE_SEGMENT", "RACKSCALE_DOMAIN", "RACKSCALE_NVLINK_DOMAIN")},
+          open(os.path.join(sys.argv[1], e["RANK"]), "w"))
+"""
+
+
+async def test_a_flexible_job_starts_on_its_smaller_segments_and_its_ranks_are_told(
+    open_stack: StackFactory, tmp_path: Path
+) -> None:
+    """Two domains of 18 nodes with 10 busy in each: no run of 16, two of 8. A 16-node job that accepts
+    segments of 16 or 8 and is expected to run 60 s starts now on two 8s (waiting ~10 min for a 16 would end
+    later); the job view, the CLI and every rank's RACKSCALE_SEGMENT say which layout it got."""
+    e2e = await open_stack(domains=2)
+    blockers = [
+        await e2e.submit({"name": f"blocker{i}", "tenant": "a", "gpus": 40, "duration_s": 600}) for i in range(2)
+    ]
+    for b in blockers:
+        await e2e.wait_state(b, {"running"})
+    job = await e2e.submit(
+        {
+            "name": "flexible",
+            "tenant": "a",
+            "gpus": 64,
+            "topology": {"segment": [16, 8]},
+            "expected_runtime_s": 60,
+            "command": [sys.executable, "-c", SEGMENT_ENV, str(tmp_path)],
+            "time_limit_s": 120,
+        }
+    )
+    done = (await e2e.wait_terminal([job]))[job]
+    async with e2e.http.get(f"{e2e.url}/v1/jobs/{job}/logs") as r:
+        assert done["state"] == "succeeded", await r.text()
+    assert done["segment"] == 8 and done["topology"]["segment"] == [16, 8]
+    domains = [a["domain"] for a in done["allocation"]]
+    assert domains[:8] == [domains[0]] * 8 and domains[8:] == [domains[8]] * 8 and domains[0] != domains[8]
+    seen = [json.loads((tmp_path / str(r)).read_text()) for r in range(16)]
+    assert [s["RACKSCALE_SEGMENT"] for s in seen] == [str(r // 8) for r in range(16)]
+    assert [s["RACKSCALE_DOMAIN"] for s in seen] == domains
+    assert {s["RACKSCALE_NVLINK_DOMAIN"] for s in seen} == {None}  # the job spans two domains
+    out: list[str] = []
+    code = await asyncio.to_thread(cli_main, ["job", job, "--url", e2e.url], out.append, out.append)
+    assert code == 0 and "segments of 16 or 8 nodes; this attempt has 8" in "\n".join(out), out
+    for b in blockers:
+        await e2e.cancel(b)

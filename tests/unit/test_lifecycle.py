@@ -315,8 +315,12 @@ class Queue:
             self.rec = new
 
     # inputs that come through the inbox (logged) and decisions that don't (only their JobEvent is)
+    # every attempt laid out in segments of one node (as a flexible job's smaller layout would be): the
+    # layout goes out with the order and comes back with its commit
+    SEGMENT = 1
+
     def commit(self, attempt: int, nodes: list[NodeGpus]) -> None:
-        ev = Committed(job_id="j", attempt=attempt, nodes=nodes, at=self.t + 1)
+        ev = Committed(job_id="j", attempt=attempt, nodes=nodes, at=self.t + 1, segment=self.SEGMENT)
         self.apply(lambda r, t: lifecycle.placed(r, ev, ["d0"], t), ev)
 
     def start(self, attempt: int, rank: int) -> None:
@@ -334,7 +338,7 @@ class Queue:
 
     def decide(self, nodes: list[NodeGpus]) -> None:
         attempt = self.rec.attempt
-        self.apply(lambda r, t: lifecycle.ordered(r, attempt, nodes, t))
+        self.apply(lambda r, t: lifecycle.ordered(r, attempt, nodes, t, self.SEGMENT))
 
 
 def _run(steps: str) -> Queue:
