@@ -113,7 +113,7 @@ class MigrationView(msgspec.Struct, kw_only=True):
     id: str
     job_id: str
     tenant: str
-    kind: str  # evacuate | defrag | rebalance
+    kind: str  # evacuate | defrag | rebalance | consolidate
     why: str
     state: str  # requested | checkpointing | restoring | done | requeued | rolled_back
     attempt: int  # the job attempt moved; it restores as attempt + 1

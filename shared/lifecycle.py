@@ -287,7 +287,9 @@ def migrating(rec: JobRecord, m: MoveOrder, now: float) -> JobRecord | None:
         return None  # ended, moved or requeued meanwhile: the migration service sees it and gives up
     r = _copy(rec)
     r.state, r.reason, r.updated_at = JobState.MIGRATING, f"migrating: {m.reason}", now
-    r.move = MoveTicket(migration_id=m.migration_id, target=list(m.target), reason=m.reason, since=now)
+    r.move = MoveTicket(
+        migration_id=m.migration_id, target=list(m.target), reason=m.reason, since=now, segment=m.segment
+    )
     return r
 
 
@@ -314,6 +316,7 @@ def checkpointed(rec: JobRecord, ev: RankExited, now: float) -> JobRecord | None
     checkpoint = f"{r.id}:{r.attempt}"
     _next_attempt(r, "migrating: restoring on " + ", ".join(ng.node for ng in mv.target), now, list(mv.target))
     r.inflight_since, r.ran_s, r.checkpoint = now, r.ran_s + ran, checkpoint
+    r.segment = mv.segment or r.segment  # the pinned order lays the target out so
     return r
 
 

@@ -111,6 +111,7 @@ class MoveTicket(msgspec.Struct, kw_only=True, gc=False):
     since: float
     acked: list[int] = []  # ranks whose checkpoint the agents acknowledged
     ran_s: float = 0.0  # the attempt's run time, from the acknowledgements
+    segment: int = 0  # the layout's segment on the target, when the move changes it (0: as it was)
 
 
 class JobRecord(msgspec.Struct, kw_only=True, gc=False):
@@ -220,6 +221,7 @@ class MoveOrder(msgspec.Struct, tag="job.move", kw_only=True, frozen=True):
     target: list[NodeGpus]
     reason: str
     at: float
+    segment: int = 0  # the layout's segment on the target, when the move changes it (consolidation; 0: as it was)
 
 
 class MoveAbort(msgspec.Struct, tag="job.move_abort", kw_only=True, frozen=True):
@@ -508,7 +510,7 @@ class MigrationRecord(msgspec.Struct, kw_only=True):
     id: str
     job_id: str
     tenant: str
-    kind: Literal["evacuate", "defrag", "rebalance"]
+    kind: Literal["evacuate", "defrag", "rebalance", "consolidate"]
     why: str
     attempt: int  # the job attempt moved; the restore runs as attempt + 1
     source: list[NodeGpus]
@@ -520,6 +522,7 @@ class MigrationRecord(msgspec.Struct, kw_only=True):
     error: str = ""
     cost_gpu_s: float = 0.0  # the planner's estimate: checkpoint + restore time x GPUs
     gain_gpu_s: float = 0.0
+    segment: int = 0  # consolidation: the segment the job runs with on the target (0: its layout as it was)
 
 
 class MigrationEvent(msgspec.Struct, tag="migration.event", kw_only=True, frozen=True):

@@ -50,13 +50,14 @@ import msgspec
 import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from shared.core import ClusterState, Health, JobSpec, get_policy
+from shared.core import ClusterState, Context, Health, JobSpec, ShapeError, SlowdownModel, get_policy, request
+from shared.core.consolidation import plan_consolidation
 from shared.core.migration import MigrationBudget, Movable, Move, plan_defrag, plan_evacuation
 from shared.core.rebalance import HeatSums, offsets_from_sums, plan_rebalance
 from shared.core.topology import GpuState, NodeState
 from shared.held import occupy, occupy_held, reserved_domains
 from shared.job_cache import JobCache
-from shared.jobs import record_spec
+from shared.jobs import body_segments, record_spec
 from shared.liveness import Hearing, observe, overdue
 from shared.metrics import MigrationMetrics
 from shared.runtime import Deps, Service
@@ -193,6 +194,7 @@ class MigrationService(Service):
             target=rec.target,
             reason=rec.why,
             at=self.now(),
+            segment=rec.segment,
         )
         await self.bus.publish(self.names.job_move, order, msg_id=f"move:{rec.id}")
 
@@ -305,10 +307,12 @@ class MigrationService(Service):
         await self.reconcile(jobs, now)
         if known is None:
             return
+        consolidate = False
         if defrag:
             self.last_defrag = now
+            consolidate = any(j.state is JobState.RUNNING and _preferred(j) for j in jobs.values())
             defrag = any(j.state is JobState.PENDING and j.inflight_since is None for j in jobs.values())
-        if not (evac or defrag or rebalance):
+        if not (evac or defrag or rebalance or consolidate):
             return
         topo, health = known
         allocations = await self.store.allocations()
@@ -318,6 +322,8 @@ class MigrationService(Service):
             await self.evacuate(topo, health, allocations, jobs, busy, now)
         if defrag:
             await self.defragment(topo, health, allocations, jobs, busy, now)
+        if consolidate:
+            await self.consolidate(topo, health, allocations, jobs, busy, now)
         if offsets is not None:
             await self.rebalance(topo, health, offsets, allocations, jobs, busy, now)
 
@@ -369,7 +375,7 @@ class MigrationService(Service):
     def _movable(self, jobs: Mapping[str, JobRecord], busy: set[str]) -> dict[str, Movable]:
         s = self.deps.settings
         return {
-            j.id: Movable(record_spec(j), s.checkpoint_s, s.restore_s)
+            j.id: Movable(record_spec(j), s.checkpoint_s, s.restore_s, _preferred(j))
             for j in jobs.values()
             if j.state is JobState.RUNNING and j.spec.checkpointable and j.id not in busy
         }
@@ -451,6 +457,49 @@ class MigrationService(Service):
                 await self.begin(job, "defrag", why, _target(mv, topo), mv.cost_gpu_s, plan.gain_gpu_s, now)
                 busy.add(mv.job_id)
 
+    async def consolidate(
+        self,
+        topo: Any,
+        health: Health,
+        allocations: list[Any],
+        jobs: Mapping[str, JobRecord],
+        busy: set[str],
+        now: float,
+    ) -> None:
+        """Move a flexible job running on a smaller segment onto its first-listed one when room for it is free
+        and the move pays (`plan_consolidation`). Not while another move is under way, nor while a waiting job
+        fits the free room now: the queue's cycle is about to place it (the room is its)."""
+        if self.active():
+            return
+        state = ClusterState(topo, health)
+        held = occupy_held(state, allocations, jobs, now)
+        for j in jobs.values():  # orders on their way hold their GPUs, as in the queue's cycle
+            young = j.inflight_since is not None and now - j.inflight_since < INFLIGHT_S
+            if j.state is JobState.PENDING and young and j.id not in held:
+                occupy(state, j.id, j.allocation, j, now, preemptible=False)
+        budget = self._budget(now)
+        waiting = sorted(
+            (j for j in jobs.values() if j.state is JobState.PENDING and j.inflight_since is None),
+            key=lambda j: (-j.spec.priority, j.submitted_at, j.id),
+        )
+        for j in waiting[: budget.max_candidates]:
+            try:
+                req = request(record_spec(j), topo)
+            except ShapeError:
+                continue
+            if self.policy.place(state, req, Context(now=now)) is not None:
+                return
+        promised = await self._promised(topo, {j.id for j in waiting})
+        movable = {j: m for j, m in self._movable(jobs, busy).items() if m.preferred is not None}
+        mv = plan_consolidation(state, movable, self.policy, budget, now, SlowdownModel(), promised)
+        job = jobs.get(mv.job_id) if mv is not None else None
+        if mv is None or job is None or job.state is not JobState.RUNNING:
+            return
+        target = _target(mv, topo)
+        rec = await self.begin(job, "consolidate", mv.reason, target, mv.cost_gpu_s, 0.0, now, segment=mv.segment)
+        log.info("consolidation: job %s onto segments of %s (%s)", job.id, mv.segment, rec.id)
+        busy.add(mv.job_id)
+
     async def _promised(self, topo: Any, pending: set[str]) -> dict[str, frozenset[int]]:
         """The NVLink domains the queue's reservations hold, for the pending jobs among them."""
         shared = await self.store.reservations()
@@ -520,6 +569,7 @@ class MigrationService(Service):
         cost: float,
         gain: float,
         now: float,
+        segment: int | None = None,
     ) -> MigrationRecord:
         """Record the move in JetStream first, then hand it to the queue."""
         rec = MigrationRecord(
@@ -535,6 +585,7 @@ class MigrationService(Service):
             steps={"requested": now},
             cost_gpu_s=cost,
             gain_gpu_s=gain,
+            segment=segment or 0,
         )
         await self.save(rec, "requested")
         await self._send(rec)
@@ -544,6 +595,12 @@ class MigrationService(Service):
         where = ", ".join(f"{ng.node}:{','.join(map(str, ng.gpus))}" for ng in target) or "requeue"
         log.info("move %s: job %s attempt %d → %s (%s)", rec.id, job.id, job.attempt, where, why)
         return rec
+
+
+def _preferred(job: JobRecord) -> int | None:
+    """A flexible job's first-listed segment while it runs on a smaller one (consolidation's candidates)."""
+    first = next(iter(body_segments(job.spec)), None)
+    return first if first is not None and job.segment is not None and job.segment < first else None
 
 
 def _target(mv: Move, topo: Any) -> list[NodeGpus]:

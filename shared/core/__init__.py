@@ -5,6 +5,7 @@ state come in, decisions come out. The services, the simulator and the benchmark
 """
 
 from shared.core.comm import SlowdownModel
+from shared.core.consolidation import plan_consolidation
 from shared.core.cycle import LEND_MIN_NODES, CycleConfig, CycleResult, Scheduler, TenantPolicy, order_jobs
 from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve
 from shared.core.migration import Evacuation, MigrationBudget, Movable, Move, Plan, plan_defrag, plan_evacuation
@@ -53,6 +54,7 @@ __all__ = [
     "TopologyError",
     "get_policy",
     "order_jobs",
+    "plan_consolidation",
     "plan_defrag",
     "plan_evacuation",
     "request",

@@ -41,9 +41,11 @@ class Movable:
     """A running job the planner may move: its shape (to re-place it under the same guarantees) and what
     a move costs it. Only checkpointable jobs belong here; the caller leaves out jobs already moving."""
 
-    spec: JobSpec
+    spec: JobSpec  # the rigid job of the layout it runs on now (`with_segment`)
     checkpoint_s: float  # time to write a checkpoint
     restore_s: float  # time to restore from it on the new GPUs
+    # a flexible job running on a smaller segment than its first: that first one (`plan_consolidation`)
+    preferred: int | None = None
 
     def cost_gpu_s(self, gpus: int) -> float:
         """GPU-seconds the job stands still while it moves."""
@@ -85,6 +87,7 @@ class Move:
     dst: Placement
     reason: str
     cost_gpu_s: float
+    segment: int | None = None  # the layout's segment after the move, when the move changes it (consolidation)
 
     @property
     def in_place(self) -> bool:

@@ -51,6 +51,7 @@ from shared.core import (
     Reserve,
     Scheduler,
     get_policy,
+    plan_consolidation,
     plan_defrag,
     plan_evacuation,
 )
@@ -187,6 +188,7 @@ class MigrationStats:
     evac_moves: int = 0  # jobs moved off a failed node instead of requeued
     evac_in_place: int = 0  # of those, only the failed node's ranks moved (spare in the same domain)
     evac_requeued: int = 0  # jobs on a failed node the planner requeued
+    consolidations: int = 0  # flexible jobs moved onto their preferred segments
     pause_gpu_s: float = 0.0  # GPUs x (checkpoint + restore) of defrag moves, restore of evacuations
     gain_gpu_s: float = 0.0  # planner's estimate of the beneficiaries' wait avoided (GPUs x wait)
     beneficiaries_started: int = 0  # beneficiaries that started at the plan's time
@@ -283,6 +285,9 @@ class Simulator:
         self.moving: list[tuple[float, str]] = []  # (pause end, job id)
         self.move_spend: list[tuple[float, float]] = []  # (time, GPU-s) of moves started
         self.next_defrag = -math.inf
+        self.next_consolidate = -math.inf
+        # flexible jobs running on a smaller segment than their first, that the planner may consolidate
+        self.smaller: set[str] = set()
         self.blocked: list[str] = []  # jobs the last cycle left waiting, in its order
         self.waiting_for: dict[str, float] = {}  # beneficiary -> plan time
 
@@ -484,6 +489,9 @@ class Simulator:
             elif not self.pending:
                 dirty = False
                 frag_now = 0
+            if self.smaller and t >= self.next_consolidate and self._consolidate(t):
+                dirty = True
+                self._push(t, TICK, 0)  # the nodes it left are the queue's at this same instant
             large_now = self._large_avail()
             if cfg.check_state:
                 state_checks += 1
@@ -550,8 +558,13 @@ class Simulator:
         if overhead is None:
             overhead = job.ckpt_cost_s if r.remaining < job.duration_s else 0.0
         if self.mig is not None and job.spec.checkpointable:
-            # moved as the rigid job it now is: its segments stay whole
-            self.movable[job.id] = Movable(with_segment(r.spec, r.segment), job.ckpt_cost_s, job.ckpt_cost_s)
+            # moved as the rigid job it now is: its segments stay whole; on a smaller layout, consolidation
+            # may move it onto its first-listed one
+            first = job.spec.segment
+            preferred = first if r.segment is not None and first is not None and r.segment < first else None
+            self.movable[job.id] = Movable(with_segment(r.spec, r.segment), job.ckpt_cost_s, job.ckpt_cost_s, preferred)
+            if preferred is not None:
+                self.smaller.add(job.id)
         r.running = True
         r.attempt_no += 1
         r.start, r.overhead, r.slowdown, r.cross, r.nodes = t, overhead, slow, cross, nodes
@@ -588,6 +601,7 @@ class Simulator:
         self.allocated -= r.job.gpus
         if self.mig is not None:
             self.movable.pop(r.job.id, None)
+            self.smaller.discard(r.job.id)
         return keep
 
     def _interrupt(self, i: int, t: float, outcome: str) -> None:
@@ -651,6 +665,8 @@ class Simulator:
         self.state.allocate(mv.allocation())
         self._close(i, t, outcome, kept)
         r.remaining -= kept
+        if mv.segment is not None:
+            r.segment = mv.segment
         self._start(i, t, mv.dst.nodes, overhead=pause)
         self.mig.pause_gpu_s += pause * r.job.gpus
         self.mig.move_times.append(t)
@@ -701,6 +717,29 @@ class Simulator:
         mig.gain_gpu_s += plan.gain_gpu_s if plan.complete else 0.0
         if plan.beneficiary is not None and plan.complete:
             self.waiting_for[plan.beneficiary] = t
+        return True
+
+    def _consolidate(self, t: float) -> bool:
+        """After a cycle: move one flexible job on a smaller layout onto its preferred one, when that pays
+        (`plan_consolidation`). True when it moved."""
+        mig, cfg = self.mig, self.cfg
+        assert mig is not None
+        self.next_consolidate = t + cfg.migration_interval_s
+        self.moving = [(e, j) for e, j in self.moving if e > t]
+        self.move_spend = [(s, c) for s, c in self.move_spend if s > t - 3600.0]
+        budget = replace(
+            cfg.migration_budget, in_flight=len(self.moving), spent_gpu_s=sum(c for _, c in self.move_spend)
+        )
+        busy = {j for _, j in self.moving}
+        movable = {j: self.movable[j] for j in sorted(self.smaller) if j not in busy}
+        mv = plan_consolidation(self.state, movable, self.sched.policy, budget, t, cfg.slowdown, self.sched.promised)
+        if mv is None:
+            return False
+        i = self.index[mv.job_id]
+        cost = self.movable[mv.job_id]
+        self._relocate(i, t, mv, self._done(i, t), cost.checkpoint_s + cost.restore_s, MOVED)
+        self.move_spend.append((t, mv.cost_gpu_s))
+        mig.consolidations += 1
         return True
 
     def _note_started(self, decisions: list, t: float) -> None:

@@ -42,6 +42,7 @@ a few very long jobs after the last arrival. Definitions (GPU-seconds unless sai
   smaller segment than their first (``null`` without flexible jobs).
 - With migration on (``--migration on``) also: ``migrations`` (every move of the run), ``moves_per_day``
   (moves inside the window per window day), ``defrag_plans`` / ``defrag_moves`` / ``staged_plans``,
+  ``consolidations`` (flexible jobs moved onto their preferred segments, `shared/core/consolidation.py`),
   ``evac_moves`` (jobs moved off a failed node instead of requeued; ``evac_in_place``: only the failed
   node's ranks moved, to a spare in the same domain), ``evac_requeued``, ``move_pause_gpu_h`` (GPU-hours
   the moved jobs stood still: checkpoint + restore for defragmentation, restore for evacuation; counted in
@@ -221,7 +222,7 @@ def _migration(res: SimResult) -> dict[str, float | int]:
     mig = res.migration
     if mig is None:
         return {}
-    moves = mig.defrag_moves + mig.evac_moves
+    moves = mig.defrag_moves + mig.evac_moves + mig.consolidations
     w0, w1 = res.window
     in_window = sum(1 for t in mig.move_times if w0 <= t < w1)
     return {
@@ -233,6 +234,7 @@ def _migration(res: SimResult) -> dict[str, float | int]:
         "evac_moves": mig.evac_moves,
         "evac_in_place": mig.evac_in_place,
         "evac_requeued": mig.evac_requeued,
+        "consolidations": mig.consolidations,
         "move_pause_gpu_h": mig.pause_gpu_s / 3600.0,
         "move_gain_gpu_h": mig.gain_gpu_s / 3600.0,
         "beneficiaries_started": mig.beneficiaries_started,

@@ -47,12 +47,21 @@ LABELS: dict[str, tuple[str, str]] = {
     "smaller_layout_share": ("flexible jobs' GPU-h on a smaller segment", "pct"),
     "moves_per_day": ("moves per day", "num"),
     "defrag_moves": ("defragmentation moves", "num"),
+    "consolidations": ("moves onto a flexible job's preferred segments", "num"),
     "evac_moves": ("evacuation moves (off failed nodes)", "num"),
     "evac_in_place": ("of those, in place on a spare", "num"),
     "move_pause_gpu_h": ("GPU-h paused by moves", "num"),
     "move_gain_gpu_h": ("GPU-h of waiting the plans saved (est.)", "num"),
 }
-MIGRATION_ROWS = ("moves_per_day", "defrag_moves", "evac_moves", "evac_in_place", "move_pause_gpu_h", "move_gain_gpu_h")
+MIGRATION_ROWS = (
+    "moves_per_day",
+    "defrag_moves",
+    "consolidations",
+    "evac_moves",
+    "evac_in_place",
+    "move_pause_gpu_h",
+    "move_gain_gpu_h",
+)
 
 
 def fmt_value(v: float | None, kind: str) -> str:

@@ -409,3 +409,51 @@ async def test_a_domain_running_hot_sheds_jobs_to_a_cool_one(
     for job in jobs:
         assert not ran_once(job, starts[job], exits[job])
     assert not service_errors(caplog.records)
+
+
+async def test_a_flexible_job_on_smaller_segments_is_consolidated_onto_its_preferred_ones(
+    open_stack: StackFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three domains of 18 nodes: one held whole by C, the others by a 10-node job each, so a 16-node job that
+    accepts segments of 16 or 8 starts on two 8s (waiting two minutes for a 16 would end later). When C is
+    cancelled its domain is free: the migration service moves the flexible job onto one segment of 16 there
+    (checkpoint, release, pinned restore), and its next attempt runs in that domain with segment 16."""
+    e2e: E2E = await open_stack(
+        domains=3, settings={"checkpoint_s": 0.3, "restore_s": 0.3, "migration_interval_s": 0.5, "max_migrations": 8}
+    )
+    whole = await e2e.submit({"name": "whole", "tenant": "w", "gpus": 72, "duration_s": 600.0})
+    held = nodes_of(await e2e.wait_state(whole, {"running"}))
+    walls = [await e2e.submit({"name": f"wall{i}", "tenant": "w", "gpus": 40, "duration_s": 120.0}) for i in range(2)]
+    for w in walls:
+        await e2e.wait_state(w, {"running"})
+    flex = await e2e.submit(
+        {
+            "name": "flexible",
+            "tenant": "f",
+            "gpus": 64,
+            "topology": {"segment": [16, 8]},
+            "checkpointable": True,
+            "duration_s": 600.0,
+        }
+    )
+    first = await e2e.wait_state(flex, {"running"})
+    assert first["segment"] == 8 and len({domain_of(n) for n in nodes_of(first)}) == 2, first
+    await e2e.cancel(whole)
+    free = domain_of(held[0])
+
+    def consolidated(view: dict[str, Any]) -> bool:
+        return view["attempt"] == 2 and view["segment"] == 16
+
+    moved = await e2e.wait_state(flex, {"running"}, timeout=60, check=consolidated)
+    assert {domain_of(n) for n in nodes_of(moved)} == {free}, moved
+    records = [e.record for e in await migration_events(e2e) if e.record.job_id == flex]
+    assert records and {r.kind for r in records} == {"consolidate"}, records
+    assert records[-1].segment == 16 and "preferred segments of 16 nodes" in records[-1].why
+    starts, exits = await starts_and_exits(e2e)
+    assert {s.attempt for s in starts[flex]} == {1, 2}
+    assert {x.attempt for x in exits[flex] if x.checkpointed} == {1}  # every rank of attempt 1 checkpointed
+    assert not double_bookings(await e2e.job_events())
+    assert not service_errors(caplog.records)
+    for w in walls:
+        await e2e.cancel(w)
+    await e2e.cancel(flex)

@@ -5,6 +5,8 @@ the first-listed size; with a share of 0 nothing changes."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from shared.core import segments
@@ -74,6 +76,19 @@ def test_rackscale_runs_flexible_jobs_inside_their_shapes(jobs: list, migration:
     res = _run(jobs, "rackscale", migration)
     smaller = _check_layouts(res, smaller_allowed=True)
     assert smaller > 0  # the workload reaches the case
+    if migration:
+        # consolidation moved flexible jobs off their smaller layouts onto their first-listed segments
+        assert res.migration is not None and res.migration.consolidations > 0
+        by_job: dict[int, list] = {}
+        for a in sorted(res.attempts, key=lambda a: a.start):
+            by_job.setdefault(a.job, []).append(a)
+        onto = 0
+        for i, atts in by_job.items():
+            first = res.jobs[i].job.spec.segment
+            for a, b in itertools.pairwise(atts):
+                if a.outcome == "moved" and a.segment != first and b.segment == first and a.end == b.start:
+                    onto += 1
+        assert onto > 0
     m = compute(res)
     assert 0.0 < m["smaller_layout_share"] < 1.0
     bal = gpu_seconds_balance(res)
