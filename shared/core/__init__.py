@@ -7,10 +7,10 @@ state come in, decisions come out. The services, the simulator and the benchmark
 from shared.core.comm import SlowdownModel
 from shared.core.consolidation import plan_consolidation
 from shared.core.cycle import LEND_MIN_NODES, CycleConfig, CycleResult, Scheduler, TenantPolicy, order_jobs
-from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve
+from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve, Resize
 from shared.core.migration import Evacuation, MigrationBudget, Movable, Move, Plan, plan_defrag, plan_evacuation
 from shared.core.policies import POLICIES, Context, Placement, Policy, get_policy
-from shared.core.shape import JobSpec, Need, Request, ShapeError, Slice, request, segments, with_segment
+from shared.core.shape import JobSpec, Need, Request, ShapeError, Slice, request, segments, with_segment, with_size
 from shared.core.state import Allocation, ClusterState, StateError
 from shared.core.statement import Statement
 from shared.core.topology import GpuState, Health, NodeSpec, NodeState, Topology, TopologyError
@@ -43,6 +43,7 @@ __all__ = [
     "Preempt",
     "Request",
     "Reserve",
+    "Resize",
     "Scheduler",
     "ShapeError",
     "Slice",
@@ -60,4 +61,5 @@ __all__ = [
     "request",
     "segments",
     "with_segment",
+    "with_size",
 ]

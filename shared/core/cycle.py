@@ -19,7 +19,11 @@ Per job, in that order:
    doesn't fit starts with the largest smaller one that fits now, unless the preferred one's forecast
    start is soon enough to end sooner despite the wait (`_smaller_layout`: the smaller layout runs
    `SlowdownModel.layout_factor` slower, the communication model the simulator charges);
-6. otherwise the first `reservations` such jobs get a reservation: the earliest time the running jobs'
+6. an elastic job (a GPU range) that doesn't fit at its most starts at the largest size that fits now (every
+   policy: Slurm's --nodes=MIN-MAX); otherwise it goes on at its least size, and under policies that
+   `resize`, running elastic jobs of lower priority (of any, for a job reserved last cycle) are shrunk by
+   whole units before anything is preempted (`_shrink`: `Resize` decisions);
+7. otherwise the first `reservations` such jobs get a reservation: the earliest time the running jobs'
    expected ends free a fitting layout, whose free nodes are held for the rest of the cycle.
 
 Reservations that stick (policies with `sticky_reservations`, i.e. rackscale): the scheduler remembers the
@@ -49,7 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from shared.core.comm import SlowdownModel
-from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve
+from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve, Resize
 from shared.core.policies import Context, Placement, Policy, get_policy
 from shared.core.reasons import duration, explain
 from shared.core.shape import JobSpec, Request, ShapeError, request
@@ -115,7 +119,7 @@ class CycleResult:
 
     def by_job(self) -> dict[str, Decision]:
         """The final decision per pending job (Allocate, Reserve or Pending)."""
-        return {d.job_id: d for d in self.decisions if not isinstance(d, Preempt)}
+        return {d.job_id: d for d in self.decisions if not isinstance(d, Preempt | Resize)}
 
 
 def order_jobs(
@@ -282,7 +286,7 @@ class _Cycle:
                 f"tenant {job.tenant} is at its quota: {used} of {quota} GPUs in use, this job needs {job.gpus}",
             )
             return None
-        runtime = job.expected_runtime_s if job.expected_runtime_s is not None else cfg.default_runtime_s
+        runtime = self._runtime(job)
         end = self.now + runtime
         ctx = Context(now=self.now, job_end=end, demand=demand)
 
@@ -299,11 +303,21 @@ class _Cycle:
             if smaller is None:
                 return True
             note = smaller
+        if req.sizes:
+            if self._smaller_size(req, ctx):
+                return True
+            # from here on (loans, shrinking others, preemption, a reservation) at its least size
+            req = req.sizes[-1]
+            runtime = self._runtime(req.job)
+            end = self.now + runtime
+            ctx = Context(now=self.now, job_end=end, demand=demand)
         if self.sched.lend and self._reclaim(req, ctx, end):
             return True
         reason = explain(self.state, req, self.policy.honours_required) + note
 
         if cfg.backfill and self._borrow(req, ctx, end):
+            return True
+        if self.policy.resizes and self._shrink(req, ctx, end):
             return True
         if cfg.preemption and self._preempt(req, ctx, end):
             return True
@@ -332,6 +346,76 @@ class _Cycle:
             return False
         behind = f"; {len(self.holds)} reservations ahead" if self.holds else ""
         self._pending(job.id, PendingCode.NO_FIT, reason + behind)
+        return False
+
+    def _runtime(self, job: JobSpec) -> float:
+        """The job's expected runtime; the default for one without, scaled like an elastic job's estimate."""
+        if job.expected_runtime_s is not None:
+            return job.expected_runtime_s
+        most = job.elastic[1] if job.elastic is not None else job.gpus
+        return self.cfg.default_runtime_s * most / job.gpus
+
+    def _smaller_size(self, req: Request, ctx: Context) -> bool:
+        """Start an elastic job at the largest of its smaller sizes that fits now."""
+        for alt in req.sizes:
+            if alt.shape_key in self.failed_shapes:
+                continue
+            end = self.now + self._runtime(alt.job)
+            placement = self.policy.place(self.state, alt, replace(ctx, job_end=end))
+            if placement is not None:
+                self._allocate(alt, placement, end, backfilled=bool(self.holds))
+                return True
+            self.failed_shapes.add(alt.shape_key)
+        return False
+
+    def _shrink(self, req: Request, ctx: Context, end: float) -> bool:
+        """Shrink running elastic jobs by whole units, from the end of their nodes down to their least, until the
+        job fits: ones of lower priority, or of no higher priority when the job was reserved last cycle (its
+        reservation needs the room). Lowest priority, then largest, first; all or nothing."""
+        job, state = req.job, self.state
+        if self.holds and end > min(h.start for h in self.holds):
+            return False  # the freed nodes may be counted on by a reservation
+        reserved = job.id in self.sched.reserved
+        cands = sorted(
+            (
+                a
+                for a in state.allocs.values()
+                if a.elastic is not None
+                and not a.hold
+                and len(a.nodes) - a.elastic[1] >= a.elastic[0]
+                and (a.priority < job.priority or (reserved and a.priority <= job.priority))
+            ),
+            key=lambda a: (a.priority, -a.gpus, a.job_id),
+        )
+        if not cands:
+            return False
+        cp = self.stmt.checkpoint()
+        before = {a.job_id: a for a in cands}
+        shrunk: dict[str, Allocation] = {}
+        for a in cands:
+            cur = a
+            assert a.elastic is not None
+            least, unit = a.elastic
+            while len(cur.nodes) - unit >= least:
+                self.stmt.release(cur.job_id)
+                n, keep = len(cur.nodes), len(cur.nodes) - unit
+                left = max(cur.expected_end - self.now, 0.0) * n / keep  # the same work on fewer GPUs
+                cur = replace(cur, nodes=cur.nodes[:keep], masks=cur.masks[:keep], gpus=0, expected_end=self.now + left)
+                self.stmt.allocate(cur)
+                shrunk[cur.job_id] = cur
+                placement = self.policy.place(state, req, ctx)
+                if placement is None:
+                    continue
+                for job_id, s in shrunk.items():
+                    old = before[job_id]
+                    self.held[old.tenant] = self.held.get(old.tenant, 0) - (old.gpus - s.gpus)
+                    why = f"shrunk from {len(old.nodes)} to {len(s.nodes)} nodes to make room for job {job.id}"
+                    self.result.decisions.append(Resize(job_id, s.nodes, s.masks, s.expected_end, job.id, why))
+                self._allocate(req, placement, end, backfilled=False)
+                self.failed_shapes.clear()  # the shrinking may have freed more than this job took
+                self._refresh_holds()
+                return True
+        self.stmt.rollback(cp)
         return False
 
     def _preferred_start(self, req: Request, runtime: float, demand: frozenset[int]) -> object:

@@ -42,6 +42,19 @@ class Allocate:
 
 
 @dataclass(frozen=True, slots=True)
+class Resize:
+    """A running elastic job restarts from a checkpoint on `nodes` (a shrink keeps a prefix of its nodes, whole
+    units: its segments stay whole) so that `for_job` fits; it keeps running at the new size."""
+
+    job_id: str
+    nodes: tuple[int, ...]
+    masks: tuple[int, ...]
+    expected_end: float
+    for_job: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class Preempt:
     job_id: str  # the victim
     for_job: str  # the higher-priority job it makes room for
@@ -63,4 +76,4 @@ class Pending:
     reason: str
 
 
-Decision = Allocate | Preempt | Reserve | Pending
+Decision = Allocate | Preempt | Resize | Reserve | Pending

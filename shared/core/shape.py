@@ -48,6 +48,10 @@ class JobSpec:
     # flexible segments: smaller segment sizes the job also accepts, in preference order (`segment` is the
     # preferred one); the cycle weighs a smaller layout now against the wait for the preferred one
     fallback_segments: tuple[int, ...] = ()
+    # elastic: (least, most) GPUs it runs with, in whole units (a segment, or a node); `gpus` is the size it
+    # has or asks for now. It must be checkpointable: a resize is a checkpoint and a restart (torchrun
+    # --nnodes=MIN:MAX). None: rigid
+    elastic: tuple[int, int] | None = None
     slices: tuple[Slice, ...] = ()  # multi-layer, outermost first, e.g. (leaf 48, domain 16)
     exclusive: bool = False  # no other job on the job's nodes
     priority: int = 0
@@ -72,6 +76,13 @@ class Request:
     slices: tuple[tuple[int, int], ...]
     # a flexible job's other layouts, one rigid request per fallback segment, in preference order
     fallbacks: tuple[Request, ...] = ()
+    # an elastic job asking for its most: each smaller size it runs with, largest first
+    sizes: tuple[Request, ...] = ()
+
+    @property
+    def unit(self) -> int:
+        """Nodes an elastic job grows or shrinks by: its innermost slice (a segment), else one node."""
+        return self.slices[-1][1] if self.slices and self.job.segment is not None else 1
 
     @property
     def gpus(self) -> int:
@@ -170,10 +181,39 @@ def request(job: JobSpec, topo: Topology) -> Request:
 
     check_segment_order(job)
     fallbacks = [request(with_segment(job, s), topo) for s in job.fallback_segments]
+    sizes: list[Request] = []
+    if job.elastic is not None:
+        least, most = _elastic(job, nodes, per_node, topo)
+        if gpus == most:
+            unit = job.segment or 1
+            sizes = [request(with_size(job, n * per_node), topo) for n in range(nodes - unit, least - 1, -unit)]
 
     exclusive = bool(job.exclusive)
     k = node_max if exclusive else per_node
-    return Request(job, nodes, per_node, k, exclusive, need, level, tuple(layers), tuple(fallbacks))
+    return Request(job, nodes, per_node, k, exclusive, need, level, tuple(layers), tuple(fallbacks), tuple(sizes))
+
+
+def _elastic(job: JobSpec, nodes: int, per_node: int, topo: Topology) -> tuple[int, int]:
+    """An elastic job's (least nodes, most GPUs); raises ShapeError naming what is wrong."""
+    assert job.elastic is not None
+    least_gpus, most = job.elastic
+    _positive_int("min_gpus", least_gpus)
+    if not job.checkpointable:
+        raise ShapeError("min_gpus", "an elastic job must be checkpointable: a resize is a checkpoint and restart")
+    if job.fallback_segments:
+        raise ShapeError("min_gpus", "an elastic job lists one segment size")
+    if least_gpus > most:
+        raise ShapeError("min_gpus", f"{least_gpus} is more than gpus {most}")
+    if not least_gpus <= job.gpus <= most:
+        raise ShapeError("gpus", f"{job.gpus} is outside the elastic range {least_gpus}-{most}")
+    unit = job.segment or 1
+    if least_gpus % (per_node * unit):
+        what = f"segments of {unit} nodes" if job.segment else "nodes"
+        raise ShapeError("min_gpus", f"{least_gpus} GPUs is not a whole number of {what} ({per_node * unit} GPUs each)")
+    least = least_gpus // per_node
+    if (nodes - least) % unit:
+        raise ShapeError("min_gpus", f"gpus {job.gpus} and min_gpus {least_gpus} differ by no whole number of units")
+    return least, most
 
 
 def check_segment_order(job: JobSpec) -> None:
@@ -192,6 +232,16 @@ def check_segment_order(job: JobSpec) -> None:
 def segments(job: JobSpec) -> tuple[int, ...]:
     """Every segment size the job accepts, preferred first (empty: no segments)."""
     return () if job.segment is None else (job.segment, *job.fallback_segments)
+
+
+def with_size(job: JobSpec, gpus: int) -> JobSpec:
+    """An elastic job at another size of its range (still elastic)."""
+    return job if gpus == job.gpus else replace(job, gpus=gpus, expected_runtime_s=_scaled(job, gpus))
+
+
+def _scaled(job: JobSpec, gpus: int) -> float | None:
+    """Work spreads over the GPUs it has (data parallel): the estimate scales by size."""
+    return None if job.expected_runtime_s is None else job.expected_runtime_s * job.gpus / gpus
 
 
 def with_segment(job: JobSpec, segment: int | None) -> JobSpec:

@@ -38,6 +38,9 @@ class Allocation:
     expected_end: float = INF
     hold: bool = False  # a reservation hold, not a running job
     gpus: int = field(default=0)
+    # an elastic job: (least nodes, unit nodes): the cycle may shrink it by whole units from the end of its
+    # nodes down to the least, instead of preempting it (`cycle._shrink`)
+    elastic: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.nodes) != len(self.masks):

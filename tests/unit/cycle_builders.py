@@ -43,6 +43,7 @@ class Run:
     tenant: str = "default"
     checkpointable: bool = False
     start: float = 0.0
+    elastic: tuple[int, int] | None = None  # (least nodes, unit nodes): an elastic job the cycle may shrink
 
 
 def fleet(rows: Sequence[str], runs: Mapping[str, Run] | None = None, gpus_per_node: int = 4) -> ClusterState:
@@ -82,6 +83,7 @@ def fleet(rows: Sequence[str], runs: Mapping[str, Run] | None = None, gpus_per_n
                 checkpointable=run.checkpointable,
                 start=run.start,
                 expected_end=run.end,
+                elastic=run.elastic,
             )
         )
     state.check()

@@ -22,6 +22,9 @@ class Placement:
 
     def allocation(self, req: Request, now: float, expected_end: float) -> Allocation:
         job = req.job
+        elastic = None
+        if job.elastic is not None:
+            elastic = (job.elastic[0] // req.per_node, req.unit)
         return Allocation(
             job.id,
             self.nodes,
@@ -31,6 +34,7 @@ class Placement:
             checkpointable=job.checkpointable,
             start=now,
             expected_end=expected_end,
+            elastic=elastic,
         )
 
 
@@ -129,6 +133,10 @@ class Policy:
     # a flexible job may start with a smaller segment it accepts (cycle.py weighs it against the wait for
     # its preferred one); off, it always waits for its first-listed segment, as Slurm's --segment would
     flexible_segments = False
+    # elastic jobs are shrunk (instead of preempted) for a higher-priority or reserved job, and grown into
+    # idle room (`elastic.plan_growth`); off, an elastic job keeps the size it started with, as Slurm's
+    # --nodes=MIN-MAX does (every policy starts one at the largest size that fits)
+    resizes = False
 
     # -- entry point -----------------------------------------------------------------------------------
     def place(self, state: ClusterState, req: Request, ctx: Context) -> Placement | None:

@@ -16,3 +16,4 @@ class CeilingPolicy(FlatPolicy):
     yardstick = True
     sticky_reservations = True
     lends_reserved = True
+    resizes = True  # an upper bound: what rackscale may do with shapes, it may do too

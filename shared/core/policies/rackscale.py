@@ -71,6 +71,7 @@ class RackscalePolicy(Policy):
     sticky_reservations = True
     lends_reserved = True
     flexible_segments = True
+    resizes = True
 
     # -- scoring ---------------------------------------------------------------------------------------
     def _tables(self, pk: Picker, level: int, ctx: Context) -> tuple[int, tuple[int, ...]] | None:
