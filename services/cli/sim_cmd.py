@@ -194,6 +194,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="share of the jobs over 16 nodes that also accept segments of 8 (flexible; default 0)",
     )
     p.add_argument(
+        "--elastic-share",
+        type=_share,
+        default=0.0,
+        metavar="F",
+        help="share of the jobs over 16 nodes that run with half to all of their nodes (elastic; default 0)",
+    )
+    p.add_argument(
         "--outer-share",
         type=float,
         default=SlowdownModel().outer_share,
@@ -294,6 +301,7 @@ def build_experiment(args: argparse.Namespace) -> Any:
         ckpt_share=args.ckpt_share,
         pad_segments=not args.no_pad_segments,
         flexible_share=args.flexible_share,
+        elastic_share=args.elastic_share,
         **({"segments": args.segments} if args.segments else {}),
     )
     fleet = FleetConfig(args.domains, args.nodes_per_domain, args.gpus_per_node, args.domains_per_leaf)

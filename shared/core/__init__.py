@@ -8,6 +8,7 @@ from shared.core.comm import SlowdownModel
 from shared.core.consolidation import plan_consolidation
 from shared.core.cycle import LEND_MIN_NODES, CycleConfig, CycleResult, Scheduler, TenantPolicy, order_jobs
 from shared.core.decisions import Allocate, Decision, Pending, PendingCode, Preempt, Reserve, Resize
+from shared.core.elastic import plan_growth
 from shared.core.migration import Evacuation, MigrationBudget, Movable, Move, Plan, plan_defrag, plan_evacuation
 from shared.core.policies import POLICIES, Context, Placement, Policy, get_policy
 from shared.core.shape import JobSpec, Need, Request, ShapeError, Slice, request, segments, with_segment, with_size
@@ -58,6 +59,7 @@ __all__ = [
     "plan_consolidation",
     "plan_defrag",
     "plan_evacuation",
+    "plan_growth",
     "request",
     "segments",
     "with_segment",

@@ -232,6 +232,7 @@ class _Cycle:
         self.held: dict[str, int] = dict(state.tenant_gpus)  # GPUs per tenant, as this cycle allocates
         self.failed_preempt: dict[tuple[object, ...], int] = {}
         self.lent_now: set[str] = set()  # borrowers started this cycle
+        self.started: set[str] = set()  # jobs this cycle allocated (never resized in it: their start is decided)
         if sched.lent:  # borrowers that ended or were moved off elsewhere owe nothing
             sched.lent = {b: ls for b, ls in sched.lent.items() if b in state.allocs}
         # lowest priority among running jobs: no preemption what-if for jobs at or below it
@@ -382,6 +383,7 @@ class _Cycle:
                 for a in state.allocs.values()
                 if a.elastic is not None
                 and not a.hold
+                and a.job_id not in self.started
                 and len(a.nodes) - a.elastic[1] >= a.elastic[0]
                 and (a.priority < job.priority or (reserved and a.priority <= job.priority))
             ),
@@ -458,6 +460,7 @@ class _Cycle:
 
     def _allocate(self, req: Request, placement: Placement, end: float, backfilled: bool) -> None:
         self.stmt.allocate(placement.allocation(req, self.now, end))
+        self.started.add(req.job.id)
         prio = req.job.priority
         self.min_priority = prio if self.min_priority is None else min(self.min_priority, prio)
         self.held[req.job.tenant] = self.held.get(req.job.tenant, 0) + req.job.gpus

@@ -88,6 +88,7 @@ class Move:
     reason: str
     cost_gpu_s: float
     segment: int | None = None  # the layout's segment after the move, when the move changes it (consolidation)
+    expected_end: float | None = None  # after the move, when it changes (an elastic job's new size)
 
     @property
     def in_place(self) -> bool:
@@ -108,7 +109,8 @@ class Move:
 
     def allocation(self) -> Allocation:
         """The job's allocation after the move (same job, priority, tenant and expected end)."""
-        return replace(self.src, nodes=self.dst.nodes, masks=self.dst.masks, gpus=0)
+        end = self.src.expected_end if self.expected_end is None else self.expected_end
+        return replace(self.src, nodes=self.dst.nodes, masks=self.dst.masks, gpus=0, expected_end=end)
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,21 +49,23 @@ from shared.core import (
     PendingCode,
     Preempt,
     Reserve,
+    Resize,
     Scheduler,
     get_policy,
     plan_consolidation,
     plan_defrag,
     plan_evacuation,
+    plan_growth,
 )
 from shared.core.comm import SlowdownModel
-from shared.core.shape import with_segment
+from shared.core.shape import with_segment, with_size
 from shared.sim.fleet import FailureModel, FleetConfig, NodeFailures
 from shared.sim.mapping import SimJob
 
 END, FAIL, REPAIR, TICK = 0, 1, 2, 3
 
 # attempt outcomes (MOVED: checkpointed and moved by the migration planner, work kept)
-DONE, KILLED, PREEMPTED, CUT, MOVED = "done", "killed", "preempted", "cut", "moved"
+DONE, KILLED, PREEMPTED, CUT, MOVED, RESIZED = "done", "killed", "preempted", "cut", "moved", "resized"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +129,12 @@ class Attempt:
     outcome: str
     nodes: tuple[int, ...] = ()
     segment: int | None = None  # the layout's segment (a flexible job's may be smaller than its first)
+    rate: float = 1.0  # work per wall second before slowdown: an elastic job's nodes / its most (1: rigid)
+
+    @property
+    def pace(self) -> float:
+        """Wall seconds per second of work (ideal seconds at the job's full size)."""
+        return self.slowdown / self.rate
 
 
 @dataclass(slots=True)
@@ -144,6 +152,8 @@ class JobRun:
     cross: float = 0.0
     nodes: tuple[int, ...] = ()
     segment: int | None = None  # the running attempt's segment (`Allocate.segment`; a move keeps it)
+    rate: float = 1.0  # the running attempt's `Attempt.rate`
+    gpus: int = 0  # the running attempt's GPUs (an elastic job's size; else the job's)
     reserved_at: float | None = None  # first promised start
     preemptions: int = 0
     kills: int = 0
@@ -176,6 +186,8 @@ class SimResult:
     cycle_time_s: float = 0.0  # wall time inside Scheduler.cycle, when a timer was injected
     state_checks: int = 0  # full state.check() runs (check_state)
     migration: MigrationStats | None = None  # None: migration off
+    shrinks: int = 0  # elastic jobs shrunk by the cycle (`Resize`) instead of preempted
+    grows: int = 0  # elastic jobs grown into idle room (`plan_growth`)
 
 
 @dataclass(slots=True)
@@ -270,6 +282,7 @@ class Simulator:
         self.progress = progress
         self.timer = timer  # optional wall-clock probe for profiling the cycle; injected, never read here
         self.attempts: list[Attempt] = []
+        self.shrinks = self.grows = 0
         self.heap: list[tuple[float, int, int, int, int]] = []
         self.seq = 0
         self.pending = PendingQueue()
@@ -288,6 +301,7 @@ class Simulator:
         self.next_consolidate = -math.inf
         # flexible jobs running on a smaller segment than their first, that the planner may consolidate
         self.smaller: set[str] = set()
+        self.growable: set[str] = set()  # elastic jobs below their most, that the planner may grow
         self.blocked: list[str] = []  # jobs the last cycle left waiting, in its order
         self.waiting_for: dict[str, float] = {}  # beneficiary -> plan time
 
@@ -448,6 +462,9 @@ class Simulator:
                         running -= 1
                         n_preempt += 1
                         dirty = True
+                    elif isinstance(d, Resize):  # the state holds its new size already
+                        self._resize(self.index[d.job_id], t, d.nodes)
+                        self.shrinks += 1
                 if dirty:  # preempted victims wait again: one more cycle at this same time considers them
                     self._push(t, TICK, 0)
                 for d in decisions:
@@ -489,7 +506,7 @@ class Simulator:
             elif not self.pending:
                 dirty = False
                 frag_now = 0
-            if self.smaller and t >= self.next_consolidate and self._consolidate(t):
+            if (self.smaller or self.growable) and t >= self.next_consolidate and self._reshape(t):
                 dirty = True
                 self._push(t, TICK, 0)  # the nodes it left are the queue's at this same instant
             large_now = self._large_avail()
@@ -541,6 +558,8 @@ class Simulator:
             cycle_time_s=cycle_time,
             state_checks=state_checks,
             migration=self.mig,
+            shrinks=self.shrinks,
+            grows=self.grows,
         )
 
     # -- attempts -------------------------------------------------------------------------------------------
@@ -557,27 +576,33 @@ class Simulator:
         slow = model.factor(cross, outer) if cross or outer else 1.0
         if overhead is None:
             overhead = job.ckpt_cost_s if r.remaining < job.duration_s else 0.0
+        r.rate, r.gpus = 1.0, job.gpus
+        if job.spec.elastic is not None:  # data parallel: the same work spreads over the GPUs it has
+            r.rate, r.gpus = len(nodes) / job.nodes, len(nodes) * (job.gpus // job.nodes)
         if self.mig is not None and job.spec.checkpointable:
             # moved as the rigid job it now is: its segments stay whole; on a smaller layout, consolidation
             # may move it onto its first-listed one
             first = job.spec.segment
             preferred = first if r.segment is not None and first is not None and r.segment < first else None
-            self.movable[job.id] = Movable(with_segment(r.spec, r.segment), job.ckpt_cost_s, job.ckpt_cost_s, preferred)
+            laid_out = with_size(with_segment(r.spec, r.segment), r.gpus)  # the rigid job it is now
+            self.movable[job.id] = Movable(laid_out, job.ckpt_cost_s, job.ckpt_cost_s, preferred)
             if preferred is not None:
                 self.smaller.add(job.id)
+            if job.spec.elastic is not None and r.gpus < job.gpus and self.sched.policy.resizes:
+                self.growable.add(job.id)
         r.running = True
         r.attempt_no += 1
         r.start, r.overhead, r.slowdown, r.cross, r.nodes = t, overhead, slow, cross, nodes
         if r.first_start is None:
             r.first_start = t
-        self.allocated += job.gpus
-        self._push(t + overhead + r.remaining * slow, END, i, r.attempt_no)
+        self.allocated += r.gpus
+        self._push(t + overhead + r.remaining * slow / r.rate, END, i, r.attempt_no)
 
     def _close(self, i: int, t: float, outcome: str, kept: float | None = None) -> float:
         """Record the attempt; returns the work it kept."""
         r = self.runs[i]
         elapsed = t - r.start
-        done = min(r.remaining, max(0.0, (elapsed - r.overhead) / r.slowdown))
+        done = min(r.remaining, max(0.0, (elapsed - r.overhead) * r.rate / r.slowdown))
         if outcome == DONE:
             done = r.remaining
         keep = done if kept is None else kept
@@ -586,7 +611,7 @@ class Simulator:
                 i,
                 r.start,
                 t,
-                r.job.gpus,
+                r.gpus,
                 min(r.overhead, elapsed),
                 keep,
                 done,
@@ -595,13 +620,15 @@ class Simulator:
                 outcome,
                 r.nodes,
                 r.segment,
+                r.rate,
             )
         )
         r.running = False
-        self.allocated -= r.job.gpus
+        self.allocated -= r.gpus
         if self.mig is not None:
             self.movable.pop(r.job.id, None)
             self.smaller.discard(r.job.id)
+            self.growable.discard(r.job.id)
         return keep
 
     def _interrupt(self, i: int, t: float, outcome: str) -> None:
@@ -609,7 +636,7 @@ class Simulator:
         r = self.runs[i]
         job = r.job
         elapsed = t - r.start
-        done = min(r.remaining, max(0.0, (elapsed - r.overhead) / r.slowdown))
+        done = min(r.remaining, max(0.0, (elapsed - r.overhead) * r.rate / r.slowdown))
         if not job.spec.checkpointable:
             kept = 0.0
         elif outcome == PREEMPTED:
@@ -655,7 +682,7 @@ class Simulator:
 
     def _done(self, i: int, t: float) -> float:
         r = self.runs[i]
-        return min(r.remaining, max(0.0, (t - r.start - r.overhead) / r.slowdown))
+        return min(r.remaining, max(0.0, (t - r.start - r.overhead) * r.rate / r.slowdown))
 
     def _relocate(self, i: int, t: float, mv: Move, kept: float, pause: float, outcome: str) -> None:
         """Close the job's attempt keeping `kept` work and start it at the move's destination after `pause`."""
@@ -668,7 +695,7 @@ class Simulator:
         if mv.segment is not None:
             r.segment = mv.segment
         self._start(i, t, mv.dst.nodes, overhead=pause)
-        self.mig.pause_gpu_s += pause * r.job.gpus
+        self.mig.pause_gpu_s += pause * r.gpus
         self.mig.move_times.append(t)
         self.moving.append((t + pause, mv.job_id))
 
@@ -719,9 +746,18 @@ class Simulator:
             self.waiting_for[plan.beneficiary] = t
         return True
 
-    def _consolidate(self, t: float) -> bool:
-        """After a cycle: move one flexible job on a smaller layout onto its preferred one, when that pays
-        (`plan_consolidation`). True when it moved."""
+    def _resize(self, i: int, t: float, nodes: tuple[int, ...]) -> None:
+        """An elastic job checkpoints and restarts on `nodes` (its allocation in the state already), keeping
+        its work; it stands still for the checkpoint and the restore."""
+        r = self.runs[i]
+        kept = self._done(i, t)
+        self._close(i, t, RESIZED, kept)
+        r.remaining -= kept
+        self._start(i, t, nodes, overhead=2 * r.job.ckpt_cost_s)
+
+    def _reshape(self, t: float) -> bool:
+        """After a cycle: move one flexible job on a smaller layout onto its preferred one (`plan_consolidation`),
+        or else grow one elastic job into idle room (`plan_growth`), when that pays. True when one moved."""
         mig, cfg = self.mig, self.cfg
         assert mig is not None
         self.next_consolidate = t + cfg.migration_interval_s
@@ -731,15 +767,21 @@ class Simulator:
             cfg.migration_budget, in_flight=len(self.moving), spent_gpu_s=sum(c for _, c in self.move_spend)
         )
         busy = {j for _, j in self.moving}
+        policy, promised = self.sched.policy, self.sched.promised
         movable = {j: self.movable[j] for j in sorted(self.smaller) if j not in busy}
-        mv = plan_consolidation(self.state, movable, self.sched.policy, budget, t, cfg.slowdown, self.sched.promised)
+        mv = plan_consolidation(self.state, movable, policy, budget, t, cfg.slowdown, promised) if movable else None
         if mv is None:
-            return False
+            movable = {j: self.movable[j] for j in sorted(self.growable) if j not in busy}
+            mv = plan_growth(self.state, movable, policy, budget, t, promised) if movable else None
+            if mv is None:
+                return False
+            self.grows += 1
+        else:
+            mig.consolidations += 1
         i = self.index[mv.job_id]
         cost = self.movable[mv.job_id]
         self._relocate(i, t, mv, self._done(i, t), cost.checkpoint_s + cost.restore_s, MOVED)
         self.move_spend.append((t, mv.cost_gpu_s))
-        mig.consolidations += 1
         return True
 
     def _note_started(self, decisions: list, t: float) -> None:

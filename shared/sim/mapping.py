@@ -24,6 +24,10 @@ Shape (defaults; every number is a `MappingConfig` field and a CLI flag):
   per such job from its own seeded stream (``{seed}:shapes``), flexible when below the share, so the other
   draws (estimates, checkpoints) stay the same whatever the share and a job flexible at 25% is flexible
   at 50% too.
+- Elastic gangs (part 4): of the same jobs, those whose draw is at or above ``1 - elastic_share`` (default
+  0) and aren't flexible run with any whole number of their segments from half their nodes (at least one
+  segment) to all of them, data parallel: the same work spread over the GPUs they have (the simulator's
+  rate is nodes / all nodes). They are checkpointable (jobs over 16 nodes always are).
 - Runtime estimate the scheduler sees: ``duration x F``, ``F = exp(mu + sigma x N(0,1))`` with median
   ``estimate_median`` (1.5: users overestimate, as Slurm studies find) and ``estimate_sigma`` (0.5), seeded
   per job; ``exact_estimates`` uses the true duration instead.
@@ -66,6 +70,7 @@ class MappingConfig:
     pad_segments: bool = True  # pad a node count the segment doesn't divide to whole segments (see above)
     flexible_share: float = 0.0  # of the jobs over `large_nodes` nodes: accept `flexible_fallbacks` too
     flexible_fallbacks: tuple[int, ...] = (8,)  # smaller segments a flexible job accepts, in preference order
+    elastic_share: float = 0.0  # of the jobs over `large_nodes` nodes: run with half to all of their nodes
     ckpt_base_s: float = 30.0
     ckpt_per_gpu_s: float = 0.5
 
@@ -150,10 +155,17 @@ def map_job(
     fallbacks: tuple[int, ...] = ()
     # one draw per eligible job whatever the share (see the module doc)
     eligible = segment is not None and tj.segment is None and nodes > cfg.large_nodes and shapes is not None
-    if eligible and shapes.random() < cfg.flexible_share:
+    draw = shapes.random() if eligible and shapes is not None else 1.0
+    elastic: tuple[int, int] | None = None
+    if draw < cfg.flexible_share and segment is not None:
         fallbacks = tuple(s for s in cfg.flexible_fallbacks if s < segment and nodes % s == 0)
         if fallbacks:
             notes["flexible segments"] += 1
+    elif eligible and draw >= 1.0 - cfg.elastic_share and segment is not None and tj.checkpointable is not False:
+        least = max(segment, nodes // 2 // segment * segment)
+        if least < nodes:
+            elastic = (least * per_node, gpus)
+            notes["elastic"] += 1
     unit = 1 if need is Need.NONE or nodes == 1 else (segment or nodes)
     # draws in a fixed order per job so a seed gives the same estimates whatever else changes
     noise = math.exp(math.log(cfg.estimate_median) + cfg.estimate_sigma * rng.gauss(0.0, 1.0))
@@ -163,7 +175,7 @@ def map_job(
     if tj.checkpointable is not None:
         ckpt = tj.checkpointable
     else:
-        ckpt = nodes > cfg.always_ckpt_nodes or ckpt_draw < cfg.ckpt_share
+        ckpt = nodes > cfg.always_ckpt_nodes or ckpt_draw < cfg.ckpt_share or elastic is not None
     spec = JobSpec(
         id=tj.job_id,
         gpus=gpus,
@@ -171,6 +183,7 @@ def map_job(
         nvlink=need,
         segment=segment,
         fallback_segments=fallbacks,
+        elastic=elastic,
         priority=tj.priority,
         tenant=tj.tenant,
         checkpointable=ckpt,

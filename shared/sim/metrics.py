@@ -149,11 +149,12 @@ def compute(res: SimResult) -> dict[str, float | int | None]:
             if a.cross == 0.0:
                 sens_local += held
         p0 = a.start + a.overhead
-        useful_w += a.gpus * _overlap(p0, p0 + a.kept * a.slowdown, w0, w1) / a.slowdown
-        useful_all += a.gpus * a.kept
-        useful_after += a.gpus * _overlap(p0, p0 + a.kept * a.slowdown, w1, math.inf) / a.slowdown
-        lost += a.gpus * (a.done - a.kept) * a.slowdown
-        slow_loss += a.gpus * a.kept * (a.slowdown - 1.0)
+        # an elastic attempt works at `rate` of its full size: its kept work took kept x pace of wall time
+        useful_w += a.gpus * _overlap(p0, p0 + a.kept * a.pace, w0, w1) / a.slowdown
+        useful_all += a.gpus * a.kept / a.rate
+        useful_after += a.gpus * _overlap(p0, p0 + a.kept * a.pace, w1, math.inf) / a.slowdown
+        lost += a.gpus * (a.done - a.kept) * a.pace
+        slow_loss += a.gpus * a.kept / a.rate * (a.slowdown - 1.0)
         overhead += a.gpus * a.overhead
     finished = [r for r in res.jobs if r.end is not None]
     jct = [r.end - r.job.submit_s for r in finished if r.end is not None]
@@ -282,10 +283,10 @@ def gpu_seconds_balance(res: SimResult) -> dict[str, float]:
     alloc = useful = lost = over = slow = 0.0
     for a in res.attempts:
         alloc += a.gpus * (a.end - a.start)
-        useful += a.gpus * a.kept
-        lost += a.gpus * (a.done - a.kept) * a.slowdown
+        useful += a.gpus * a.kept / a.rate
+        lost += a.gpus * (a.done - a.kept) * a.pace
         over += a.gpus * a.overhead
-        slow += a.gpus * a.kept * (a.slowdown - 1.0)
+        slow += a.gpus * a.kept / a.rate * (a.slowdown - 1.0)
     return {"allocated": alloc, "useful": useful, "lost": lost, "overhead": over, "slowdown": slow}
 
 

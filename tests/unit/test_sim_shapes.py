@@ -1,7 +1,8 @@
-"""Flexible segments in the simulator, on the real-trace workload of the conservation tests: every large job
-flexible (`--flexible-share 1`). Each attempt runs with one of the job's segment sizes, each segment inside
-one NVLink domain; a smaller layout is charged the communication model's outer term; the baselines only use
-the first-listed size; with a share of 0 nothing changes."""
+"""Flexible segments and elastic gangs in the simulator, on real traces: every large job flexible
+(`--flexible-share 1`) or elastic (`--elastic-share 1`). Each attempt runs with one of the job's segment
+sizes and, for an elastic job, a size in its range in whole segments, each segment inside one NVLink domain;
+a smaller layout is charged the communication model's outer term; the baselines use the first-listed size
+and never resize; GPU-seconds are conserved; with shares of 0 nothing changes."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from shared.core import segments
 from shared.sim.engine import SimConfig, SimResult, simulate
 from shared.sim.mapping import MappingConfig, map_jobs, mix, scale_to_load
-from shared.sim.metrics import compute, gpu_seconds_balance
+from shared.sim.metrics import compute, finished_work, gpu_seconds_balance
 from shared.sim.traces import DATA_TRACES, load_trace
 from tests.unit.test_sim_conservation import FAILS, FLEET
 
@@ -122,3 +123,51 @@ def test_flexible_jobs_are_the_same_whatever_else_the_share_changes() -> None:
     for a, b in zip(quarter, half, strict=True):
         assert a.spec.expected_runtime_s == b.spec.expected_runtime_s
         assert a.spec.checkpointable == b.spec.checkpointable
+
+
+ELASTIC = MappingConfig(elastic_share=1.0)
+
+
+@pytest.fixture(scope="module")
+def elastic_jobs() -> list:
+    mapped = map_jobs(workload(), ELASTIC, FLEET.topology(), seed=3)
+    assert mapped.notes["elastic"] > 0 and not mapped.notes["flexible segments"]
+    return mapped.jobs
+
+
+def _check_sizes(res: SimResult) -> dict[str, int]:
+    """Every elastic attempt inside its range, whole segments each in one domain; outcomes counted."""
+    topo = FLEET.topology()
+    dom = topo.node_group[topo.domain]
+    outcomes: dict[str, int] = {}
+    for a in res.attempts:
+        spec = res.jobs[a.job].job.spec
+        if spec.elastic is None:
+            continue
+        per_node = spec.gpus // res.jobs[a.job].job.nodes
+        least, most = spec.elastic
+        assert least <= a.gpus <= most and a.gpus == len(a.nodes) * per_node, (spec.id, a.gpus)
+        seg = spec.segment or 1
+        assert len(a.nodes) % seg == 0
+        for i in range(0, len(a.nodes), seg):
+            assert len({dom[n] for n in a.nodes[i : i + seg]}) == 1, (spec.id, "a segment spans domains")
+        assert a.rate == pytest.approx(len(a.nodes) * per_node / most)
+        outcomes[a.outcome] = outcomes.get(a.outcome, 0) + 1
+    return outcomes
+
+
+def test_rackscale_grows_and_shrinks_elastic_jobs_inside_their_ranges(elastic_jobs: list) -> None:
+    res = _run(elastic_jobs, "rackscale", migration=True)
+    outcomes = _check_sizes(res)
+    assert res.grows > 0, outcomes  # the workload reaches the case
+    bal = gpu_seconds_balance(res)
+    assert bal["allocated"] == pytest.approx(bal["useful"] + bal["lost"] + bal["overhead"] + bal["slowdown"], rel=1e-9)
+    for job_id, kept, duration in finished_work(res):
+        assert kept == pytest.approx(duration, abs=1e-6), job_id
+    assert res.state_checks == res.batches
+
+
+def test_block_never_resizes(elastic_jobs: list) -> None:
+    res = _run(elastic_jobs, "block", migration=True)
+    outcomes = _check_sizes(res)
+    assert res.grows == res.shrinks == 0 and "resized" not in outcomes
