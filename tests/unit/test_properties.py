@@ -8,6 +8,9 @@ with `now` advancing and jobs released when their expected end passes, and check
 - block and rackscale keep required jobs in one domain and every slice layer inside one group;
 - a flexible job (several segment sizes) runs with one of its sizes, each segment inside one domain; only
   rackscale starts one with a smaller size than its first;
+- an elastic job (a GPU range) starts inside its range in whole units; a `Resize` keeps a prefix of the
+  job's nodes, drops whole units, never goes below its least, only under a policy that resizes, and the
+  GPUs it gives up are free for the job it was made for (the recount);
 - backfill never delays a reservation: the reserved jobs alone, re-run on the state the cycle left, start
   now or get a reservation no later than before (estimates are exact in the forecast) -- the first one
   always, a later one while every reservation ahead of it is reproduced exactly;
@@ -42,6 +45,7 @@ from shared.core import (
     Pending,
     Preempt,
     Reserve,
+    Resize,
     Scheduler,
     ShapeError,
     Slice,
@@ -51,6 +55,7 @@ from shared.core import (
     request,
     segments,
     with_segment,
+    with_size,
 )
 from shared.core.cycle import HOLD_PREFIX
 
@@ -210,6 +215,21 @@ def flexible(rng: random.Random, spec: JobSpec, topo: Topology) -> JobSpec:
     return replace(spec, fallback_segments=tuple(picked))
 
 
+def elastic(rng: random.Random, spec: JobSpec, topo: Topology) -> JobSpec:
+    """Sometimes a rigid NVLink job runs with a range of sizes (its own stream, as `flexible`)."""
+    if spec.fallback_segments or spec.nvlink == "none" or rng.random() < 0.7:
+        return spec
+    try:
+        req = request(spec, topo)
+    except ShapeError:
+        return spec
+    unit = spec.segment or 1
+    if req.nodes // unit < 2 or spec.exclusive:
+        return spec
+    least = unit * rng.randint(1, req.nodes // unit - 1)
+    return replace(spec, checkpointable=True, elastic=(least * req.per_node, spec.gpus))
+
+
 def random_config(rng: random.Random, policy: str) -> CycleConfig:
     tenants = {t: TenantPolicy(weight=rng.choice((0.5, 1.0, 2.0))) for t in TENANTS}
     if rng.random() < 0.3:
@@ -271,7 +291,7 @@ def check_decisions(
             for b in range(m.bit_length()):
                 if m >> b & 1:
                     owner[(n, b)] = a.job_id
-    finals = [d for d in result.decisions if not isinstance(d, Preempt)]
+    finals = [d for d in result.decisions if not isinstance(d, Preempt | Resize)]
     if sorted(d.job_id for d in finals) != sorted(specs):
         ctx.fail(f"not one final decision per pending job: {[d.job_id for d in finals]} vs {sorted(specs)}")
     if len(result.of(Reserve)) > config.reservations:
@@ -279,6 +299,30 @@ def check_decisions(
     index = {id(d): i for i, d in enumerate(result.decisions)}
     by = result.by_job()
     for d in result.decisions:
+        if isinstance(d, Resize):
+            victim = jobs.get(d.job_id)
+            if victim is None or victim.elastic is None:
+                ctx.fail(f"{d}: not a running elastic job")
+                continue
+            if not get_policy(config.policy).resizes:
+                ctx.fail(f"{d}: {config.policy} doesn't resize")
+            least, unit = victim.elastic
+            keep = len(d.nodes)
+            if (
+                d.nodes != victim.nodes[:keep]
+                or (len(victim.nodes) - keep) % unit
+                or keep < least
+                or keep >= len(victim.nodes)
+            ):
+                ctx.fail(f"{d}: not a shrink by whole units of {unit} down to at least {least} from {victim.nodes}")
+            for n, m in zip(victim.nodes[keep:], victim.masks[keep:], strict=True):
+                for b in range(m.bit_length()):
+                    if m >> b & 1:
+                        owner.pop((n, b), None)
+            jobs[d.job_id] = replace(victim, nodes=d.nodes, masks=d.masks, gpus=0)
+            if by.get(d.for_job) is None or not isinstance(by[d.for_job], Allocate):
+                ctx.fail(f"{d} not followed by the job's Allocate")
+            continue
         if isinstance(d, Preempt):
             if not config.preemption:
                 ctx.fail(f"{d} with preemption off")
@@ -318,9 +362,16 @@ def check_decisions(
                             ctx.fail(f"{d.job_id}: GPU {name}/{b} already held by {owner[(n, b)]}")
                         owner[(n, b)] = d.job_id
                 got += m.bit_count()
-            if got != spec.gpus and not spec.exclusive:
+            shrinkable = None
+            if spec.elastic is not None:
+                least, most = spec.elastic
+                if not least <= got <= most or len(d.nodes) % (spec.segment or 1):
+                    ctx.fail(f"{d.job_id}: {got} GPUs on {len(d.nodes)} nodes outside its range {spec.elastic}")
+                spec = with_size(spec, got)
+                shrinkable = (least // (got // len(d.nodes)), spec.segment or 1)
+            elif got != spec.gpus and not spec.exclusive:
                 ctx.fail(f"{d.job_id}: {got} GPUs for a {spec.gpus}-GPU job")
-            jobs[d.job_id] = Allocation(d.job_id, d.nodes, d.masks)
+            jobs[d.job_id] = Allocation(d.job_id, d.nodes, d.masks, elastic=shrinkable)
             if d.segment not in (segments(spec) or (None,)):
                 ctx.fail(f"{d.job_id}: laid out with segment {d.segment}, not one of {segments(spec)}")
             elif d.segment != spec.segment:
@@ -449,10 +500,12 @@ def _scenario(seed: int, policy: str, check: bool) -> tuple[list[list[object]], 
     # stream: the scenarios, and the regression seeds among them, stay what they were)
     reuse_rng = random.Random(seed * 7919 + 1)
     flex_rng = random.Random(seed * 7919 + 2)
+    elastic_rng = random.Random(seed * 7919 + 3)
     for c in range(CYCLES):
         ctx.cycle = c
         for _ in range(rng.randint(3, 12) if c == 0 else rng.randint(0, 6)):
             spec = flexible(flex_rng, random_job(rng, state.topo, f"j{next_id}", now, short), state.topo)
+            spec = elastic(elastic_rng, spec, state.topo)
             next_id += 1
             pending[spec.id] = spec
             known[spec.id] = spec
@@ -532,6 +585,8 @@ def test_generators_cover_the_space() -> None:
                     seen.add("backfilled")
                 if isinstance(d, Allocate) and d.segment is not None and "j" in d.job_id:
                     seen.add("segmented")
+                if isinstance(d, Resize):
+                    seen.add("Resize")
                 if isinstance(d, Pending | Reserve) and "fit now, but at" in getattr(d, "reason", ""):
                     seen.add("waits for its preferred segments")
     smaller = sum(scenario_ctx(seed, "rackscale").smaller for seed in SEEDS)
@@ -547,4 +602,5 @@ def test_generators_cover_the_space() -> None:
         "no_fit",
         "segmented",
         "smaller segments",
+        "Resize",
     } <= seen, seen
