@@ -59,7 +59,7 @@ class JobView(msgspec.Struct, kw_only=True):
     tenant: str
     state: JobState
     reason: str  # why it is pending (or how it ended)
-    gpus: int
+    gpus: int  # an elastic job's most
     gpus_per_node: int | None
     topology: TopologyBody
     priority: int
@@ -82,6 +82,7 @@ class JobView(msgspec.Struct, kw_only=True):
     # the segment size of its latest attempt's layout (null: none yet, or no segments); a flexible job's
     # (`topology.segment` a list) is one of the sizes it listed
     segment: int | None = None
+    min_gpus: int | None = None  # elastic: its least (its allocation says the size it has)
 
 
 class LogLine(msgspec.Struct, kw_only=True):
@@ -113,7 +114,7 @@ class MigrationView(msgspec.Struct, kw_only=True):
     id: str
     job_id: str
     tenant: str
-    kind: str  # evacuate | defrag | rebalance | consolidate
+    kind: str  # evacuate | defrag | rebalance | consolidate | grow
     why: str
     state: str  # requested | checkpointing | restoring | done | requeued | rolled_back
     attempt: int  # the job attempt moved; it restores as attempt + 1

@@ -53,6 +53,10 @@ def occupy(
     masks = [(i, m) for i, m in masks if m]
     if not masks:
         return whole
+    elastic = None
+    if preemptible and spec is not None and spec.elastic is not None and nodes and whole:
+        per_node = spec.gpus // len(nodes)
+        elastic = (spec.elastic[0] // max(per_node, 1), spec.segment or 1)
     state.allocate(
         CoreAllocation(
             job_id,
@@ -63,6 +67,7 @@ def occupy(
             checkpointable=spec.checkpointable if spec else False,
             start=start,
             expected_end=max(start + runtime, now),
+            elastic=elastic,
         )
     )
     return whole

@@ -3,7 +3,7 @@ to how its processes start (`schemas.Launch`)."""
 
 from __future__ import annotations
 
-from shared.core.shape import JobSpec, Need, with_segment
+from shared.core.shape import JobSpec, Need, with_segment, with_size
 from shared.schemas import JobBody, JobRecord, JobState, Launch
 
 
@@ -30,6 +30,7 @@ def job_spec(body: JobBody, job_id: str, submit_time: float = 0.0) -> JobSpec:
         level=body.topology.level,
         segment=segments[0] if segments else None,
         fallback_segments=segments[1:],
+        elastic=(body.min_gpus, body.gpus) if body.min_gpus is not None else None,
         exclusive=body.exclusive,
         priority=body.priority,
         tenant=body.tenant,
@@ -45,7 +46,13 @@ def record_spec(rec: JobRecord) -> JobSpec:
     segments again."""
     spec = job_spec(rec.spec, rec.id, rec.submitted_at)
     laid_out = rec.state is not JobState.PENDING or rec.inflight_since is not None
-    return with_segment(spec, rec.segment) if laid_out and rec.segment is not None else spec
+    if not laid_out:
+        return spec
+    if rec.segment is not None:
+        spec = with_segment(spec, rec.segment)
+    if spec.elastic is not None and rec.allocation:  # the size it has
+        spec = with_size(spec, sum(len(ng.gpus) for ng in rec.allocation))
+    return spec
 
 
 def launch_of(body: JobBody) -> Launch:

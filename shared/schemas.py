@@ -44,6 +44,9 @@ class JobBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
     name: Name
     tenant: Name
     gpus: Positive
+    # elastic: it runs with any size from min_gpus to gpus, in whole segments (or nodes), resized at checkpoints
+    # (torchrun --nnodes=MIN:MAX); it must be checkpointable. None: exactly `gpus`
+    min_gpus: Positive | None = None
     gpus_per_node: Positive | None = None
     topology: TopologyBody = TopologyBody()
     priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
@@ -510,7 +513,7 @@ class MigrationRecord(msgspec.Struct, kw_only=True):
     id: str
     job_id: str
     tenant: str
-    kind: Literal["evacuate", "defrag", "rebalance", "consolidate"]
+    kind: Literal["evacuate", "defrag", "rebalance", "consolidate", "grow"]
     why: str
     attempt: int  # the job attempt moved; the restore runs as attempt + 1
     source: list[NodeGpus]

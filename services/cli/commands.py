@@ -56,6 +56,7 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
         body["topology"] = topology
     optional = {
         "gpus_per_node": args.gpus_per_node,
+        "min_gpus": args.min_gpus,
         "priority": args.priority,
         "duration_s": args.duration,
         "expected_runtime_s": args.expected_runtime,
@@ -203,6 +204,9 @@ def _gpu_list(gpus: Sequence[int]) -> str:
 def describe_job(j: dict[str, Any], now: float) -> str:
     topo = j.get("topology") or {}
     shape = f"{j['gpus']} GPUs" + (f", {j['gpus_per_node']} per node" if j.get("gpus_per_node") else "")
+    if j.get("min_gpus"):
+        held = sum(len(a["gpus"]) for a in j.get("allocation") or [])
+        shape = f"elastic {j['min_gpus']}-{j['gpus']} GPUs" + (f" (has {held})" if held else "")
     shape += f", nvlink {topo.get('nvlink', 'required')}"
     seg = topo.get("segment")
     if isinstance(seg, list):

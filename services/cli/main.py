@@ -57,7 +57,13 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--json", action="store_true", help="print the API's JSON answer")
 
     s = sub.add_parser("submit", parents=[api], help="submit a job", usage="%(prog)s --gpus N [options] [-- CMD ...]")
-    s.add_argument("--gpus", type=positive_int, required=True, help="GPUs in all")
+    s.add_argument("--gpus", type=positive_int, required=True, help="GPUs in all (an elastic job's most)")
+    s.add_argument(
+        "--min-gpus",
+        type=positive_int,
+        default=None,
+        help="elastic: anything from this many GPUs to --gpus, resized at checkpoints (needs --checkpointable)",
+    )
     s.add_argument("--name", default=None, help="job name (default: the command's name, or 'job')")
     s.add_argument("--tenant", default=None, help="tenant (default $RACKSCALE_TENANT or your user name)")
     s.add_argument("--gpus-per-node", type=positive_int, default=None, help="GPUs on each node (default: whole nodes)")

@@ -18,7 +18,7 @@ import msgspec
 
 from shared import launch
 from shared.core import JobSpec, Need, ShapeError, Topology, request, segments
-from shared.core.shape import check_segment_order
+from shared.core.shape import check_elastic, check_segment_order
 from shared.jobs import job_spec
 from shared.schemas import ENV_TOTAL_MAX, JOB_BODY_JSON, JobBody
 
@@ -117,6 +117,7 @@ def static_checks(spec: JobSpec) -> None:
         for seg in segments(spec):
             if nodes is not None and nodes % seg:
                 raise ShapeError("segment", f"{nodes} nodes is not a multiple of segment {seg}")
+    check_elastic(spec, spec.gpus_per_node)
 
 
 def check_launch(body: JobBody) -> ApiError | None:

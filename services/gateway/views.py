@@ -67,6 +67,7 @@ def job_view(rec: JobRecord, domain_of: Mapping[str, str]) -> JobView:
         end=rec.end,
         exits=rank_exits(rec),
         segment=rec.segment if rec.allocation else None,
+        min_gpus=s.min_gpus,
     )
 
 

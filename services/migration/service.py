@@ -52,6 +52,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from shared.core import ClusterState, Context, Health, JobSpec, ShapeError, SlowdownModel, get_policy, request
 from shared.core.consolidation import plan_consolidation
+from shared.core.elastic import plan_growth
 from shared.core.migration import MigrationBudget, Movable, Move, plan_defrag, plan_evacuation
 from shared.core.rebalance import HeatSums, offsets_from_sums, plan_rebalance
 from shared.core.topology import GpuState, NodeState
@@ -310,7 +311,7 @@ class MigrationService(Service):
         consolidate = False
         if defrag:
             self.last_defrag = now
-            consolidate = any(j.state is JobState.RUNNING and _preferred(j) for j in jobs.values())
+            consolidate = any(j.state is JobState.RUNNING and (_preferred(j) or _growable(j)) for j in jobs.values())
             defrag = any(j.state is JobState.PENDING and j.inflight_since is None for j in jobs.values())
         if not (evac or defrag or rebalance or consolidate):
             return
@@ -323,7 +324,7 @@ class MigrationService(Service):
         if defrag:
             await self.defragment(topo, health, allocations, jobs, busy, now)
         if consolidate:
-            await self.consolidate(topo, health, allocations, jobs, busy, now)
+            await self.reshape(topo, health, allocations, jobs, busy, now)
         if offsets is not None:
             await self.rebalance(topo, health, offsets, allocations, jobs, busy, now)
 
@@ -457,7 +458,7 @@ class MigrationService(Service):
                 await self.begin(job, "defrag", why, _target(mv, topo), mv.cost_gpu_s, plan.gain_gpu_s, now)
                 busy.add(mv.job_id)
 
-    async def consolidate(
+    async def reshape(
         self,
         topo: Any,
         health: Health,
@@ -466,9 +467,10 @@ class MigrationService(Service):
         busy: set[str],
         now: float,
     ) -> None:
-        """Move a flexible job running on a smaller segment onto its first-listed one when room for it is free
-        and the move pays (`plan_consolidation`). Not while another move is under way, nor while a waiting job
-        fits the free room now: the queue's cycle is about to place it (the room is its)."""
+        """Move a flexible job running on a smaller segment onto its first-listed one (`plan_consolidation`), or
+        else grow an elastic job below its most into free room (`plan_growth`; the policy's choice), when that
+        pays. Not while another move is under way, nor while a waiting job fits the free room now: the queue's
+        cycle is about to place it (the room is its)."""
         if self.active():
             return
         state = ClusterState(topo, health)
@@ -490,14 +492,20 @@ class MigrationService(Service):
             if self.policy.place(state, req, Context(now=now)) is not None:
                 return
         promised = await self._promised(topo, {j.id for j in waiting})
-        movable = {j: m for j, m in self._movable(jobs, busy).items() if m.preferred is not None}
-        mv = plan_consolidation(state, movable, self.policy, budget, now, SlowdownModel(), promised)
+        movable = self._movable(jobs, busy)
+        kind = "consolidate"
+        flexible = {j: m for j, m in movable.items() if m.preferred is not None}
+        mv = plan_consolidation(state, flexible, self.policy, budget, now, SlowdownModel(), promised)
+        if mv is None and self.policy.resizes:
+            kind = "grow"
+            elastic = {j: m for j, m in movable.items() if _growable(jobs[j])}
+            mv = plan_growth(state, elastic, self.policy, budget, now, promised)
         job = jobs.get(mv.job_id) if mv is not None else None
         if mv is None or job is None or job.state is not JobState.RUNNING:
             return
         target = _target(mv, topo)
-        rec = await self.begin(job, "consolidate", mv.reason, target, mv.cost_gpu_s, 0.0, now, segment=mv.segment)
-        log.info("consolidation: job %s onto segments of %s (%s)", job.id, mv.segment, rec.id)
+        rec = await self.begin(job, kind, mv.reason, target, mv.cost_gpu_s, 0.0, now, segment=mv.segment)
+        log.info("%s: job %s (%s): %s", kind, job.id, rec.id, mv.reason)
         busy.add(mv.job_id)
 
     async def _promised(self, topo: Any, pending: set[str]) -> dict[str, frozenset[int]]:
@@ -601,6 +609,11 @@ def _preferred(job: JobRecord) -> int | None:
     """A flexible job's first-listed segment while it runs on a smaller one (consolidation's candidates)."""
     first = next(iter(body_segments(job.spec)), None)
     return first if first is not None and job.segment is not None and job.segment < first else None
+
+
+def _growable(job: JobRecord) -> bool:
+    """An elastic job running below its most (growth's candidates)."""
+    return job.spec.min_gpus is not None and sum(len(ng.gpus) for ng in job.allocation) < job.spec.gpus
 
 
 def _target(mv: Move, topo: Any) -> list[NodeGpus]:

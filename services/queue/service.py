@@ -30,7 +30,7 @@ from services.queue.rebuild import rebuild_view
 from services.queue.view import HeldView
 from shared import lifecycle
 from shared.bus import Outgoing, Retry
-from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Scheduler
+from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Resize, Scheduler
 from shared.held import HeldState, occupy, reserved_domains
 from shared.job_cache import CHANGES_LISTED, JobCache
 from shared.jobs import body_segments, launch_of, record_spec
@@ -569,6 +569,10 @@ class QueueService(Service):
                 if not await self._preempt(d, now):
                     blocked.add(d.for_job)
                     self.wake()
+            elif isinstance(d, Resize):
+                # the job it makes room for is decided again once the resize gave the GPUs back
+                await self._resize(d, topo, now)
+                blocked.add(d.for_job)
             # most cycles change no reason: skip those round trips
             elif isinstance(d, Pending | Reserve) and jobs[d.job_id].reason != d.reason:
                 await self._set_reason(d.job_id, d.reason, now)
@@ -669,6 +673,25 @@ class QueueService(Service):
             return  # committed; the Committed event is on its way
         attempt = rec.attempt
         await self._update(rec.id, lambda r: lifecycle.order_timed_out(r, attempt, now))
+
+    async def _resize(self, d: Resize, topo: Any, now: float) -> None:
+        """Shrink an elastic job (the cycle's `Resize`): a move of its own onto the part of its GPUs it keeps —
+        checkpoint, release, restore there with the smaller world size (torchrun's elastic restart)."""
+        rec = await self.store.get_job(d.job_id)
+        if rec is None or rec.state is not JobState.RUNNING:
+            return
+        target = [NodeGpus(n, list(g)) for n, g in Allocate(d.job_id, d.nodes, d.masks, 0.0).gpus_by_node(topo).items()]
+        attempt = rec.attempt
+        await self.on_move(
+            MoveOrder(
+                migration_id=f"resize-{d.job_id}-{attempt}",
+                job_id=d.job_id,
+                attempt=attempt,
+                target=target,
+                reason=d.reason,
+                at=now,
+            )
+        )
 
     async def _preempt(self, d: Preempt, now: float) -> bool:
         """Move the victim out; False when it isn't placed or running any more (its GPUs aren't freed)."""

@@ -195,7 +195,19 @@ def request(job: JobSpec, topo: Topology) -> Request:
 
 def _elastic(job: JobSpec, nodes: int, per_node: int, topo: Topology) -> tuple[int, int]:
     """An elastic job's (least nodes, most GPUs); raises ShapeError naming what is wrong."""
+    check_elastic(job, per_node)
     assert job.elastic is not None
+    least_gpus, most = job.elastic
+    least = least_gpus // per_node
+    if (nodes - least) % (job.segment or 1):
+        raise ShapeError("min_gpus", f"gpus {job.gpus} and min_gpus {least_gpus} differ by no whole number of units")
+    return least, most
+
+
+def check_elastic(job: JobSpec, per_node: int | None) -> None:
+    """The rules of an elastic range that hold on any topology (`per_node` None: not known yet)."""
+    if job.elastic is None:
+        return
     least_gpus, most = job.elastic
     _positive_int("min_gpus", least_gpus)
     if not job.checkpointable:
@@ -207,13 +219,9 @@ def _elastic(job: JobSpec, nodes: int, per_node: int, topo: Topology) -> tuple[i
     if not least_gpus <= job.gpus <= most:
         raise ShapeError("gpus", f"{job.gpus} is outside the elastic range {least_gpus}-{most}")
     unit = job.segment or 1
-    if least_gpus % (per_node * unit):
+    if per_node is not None and least_gpus % (per_node * unit):
         what = f"segments of {unit} nodes" if job.segment else "nodes"
         raise ShapeError("min_gpus", f"{least_gpus} GPUs is not a whole number of {what} ({per_node * unit} GPUs each)")
-    least = least_gpus // per_node
-    if (nodes - least) % unit:
-        raise ShapeError("min_gpus", f"gpus {job.gpus} and min_gpus {least_gpus} differ by no whole number of units")
-    return least, most
 
 
 def check_segment_order(job: JobSpec) -> None:

@@ -287,6 +287,7 @@ async def test_get_job_shows_the_record(gw: Gw) -> None:
             {"node": "n2", "rank": 1, "exit_code": 0, "signal": None, "cause": "completed"},
         ],
         "segment": None,  # no segments
+        "min_gpus": None,  # rigid
     }
     missing = await gw.client.get("/v1/jobs/nope")
     assert missing.status == 404 and await missing.json() == {"error": "unknown job nope", "field": None}
