@@ -71,6 +71,20 @@ def test_submit_every_flag_becomes_its_body_field() -> None:
     }
 
 
+def test_submit_flexible_segments_and_an_elastic_range() -> None:
+    args = parse("submit", "--gpus", "256", "--tenant", "me", "--segment", "16,8", "--checkpointable")
+    assert commands.job_body(args)["topology"] == {"segment": [16, 8]}
+    args = parse("submit", "--gpus", "256", "--tenant", "me", "--min-gpus", "64", "--checkpointable")
+    assert commands.job_body(args)["min_gpus"] == 64
+
+
+@pytest.mark.parametrize("bad", ["16,x", "16,0", ""])
+def test_submit_refuses_a_bad_segment_list(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("submit", "--gpus", "64", "--segment", bad)
+    assert "--segment" in capsys.readouterr().err
+
+
 def test_submit_sends_only_what_was_given_and_the_command_after_double_dash(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RACKSCALE_TENANT", "team-x")
     args = parse("submit", "--gpus", "8", "--", "/usr/bin/python3", "-c", "print(1)", "--lr", "0.1")

@@ -216,6 +216,29 @@ BAD = [
         "topology.segment",
         "20 nodes is larger than any NVLink domain",
     ),
+    Bad(
+        "elastic-not-checkpointable",
+        body(gpus=64, min_gpus=16),
+        422,
+        "min_gpus",
+        "an elastic job must be checkpointable",
+        topo=None,
+    ),
+    Bad("elastic-min-above-gpus", body(gpus=16, min_gpus=32, checkpointable=True), 422, "min_gpus", "more than gpus"),
+    Bad(
+        "elastic-min-not-whole-segments",
+        body(gpus=64, min_gpus=16, checkpointable=True, topology={"segment": 8}),
+        422,
+        "min_gpus",
+        "16 GPUs is not a whole number of segments of 8 nodes (32 GPUs each)",
+    ),
+    Bad(
+        "elastic-and-flexible",
+        body(gpus=64, min_gpus=32, checkpointable=True, topology={"segment": [8, 4]}),
+        422,
+        "min_gpus",
+        "an elastic job lists one segment size",
+    ),
     Bad("required-bigger-than-domain", body(gpus=80), 422, "gpus", "can't fit in one NVLink domain"),
     Bad("unknown-level", body(topology={"level": "pod"}), 422, "topology.level", "unknown topology level 'pod'"),
 ]
@@ -239,6 +262,10 @@ def test_validation_error(case: Bad) -> None:
         pytest.param(body(gpus=64, topology={"segment": 4}), NVL72x2, id="segments"),
         pytest.param(body(gpus=64, topology={"segment": [16, 8, 4]}), NVL72x2, id="flexible-segments"),
         pytest.param(body(gpus=64, topology={"segment": [8]}), NVL72x2, id="one-segment-listed"),
+        pytest.param(body(gpus=64, min_gpus=16, checkpointable=True), NVL72x2, id="elastic"),
+        pytest.param(
+            body(gpus=128, min_gpus=64, checkpointable=True, topology={"segment": 8}), NVL72x2, id="elastic-segments"
+        ),
         pytest.param(body(gpus=72, topology={"level": "rack"}), NVL72x2, id="level-alias-whole-domain"),
         pytest.param(body(gpus=80, topology={"nvlink": "preferred"}), NVL72x2, id="preferred-may-spill"),
         pytest.param(body(gpus=80, topology={"nvlink": "none"}, priority=-1000), NVL72x2, id="anywhere"),
