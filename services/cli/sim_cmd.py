@@ -113,7 +113,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes-per-domain", type=int, default=18)
     p.add_argument("--gpus-per-node", type=int, default=4)
     p.add_argument("--domains-per-leaf", type=int, default=None, help="group domains under leaf switches")
-    p.add_argument("--policy", default=DEFAULT_POLICIES, help=f"comma-separated, of {', '.join(sorted(POLICIES))}")
+    p.add_argument(
+        "--policy",
+        default=DEFAULT_POLICIES,
+        help=f"comma-separated, of {', '.join(sorted(POLICIES))}; NAME+migration runs that one with the planner",
+    )
     p.add_argument(
         "--load",
         type=float,
@@ -266,14 +270,16 @@ def build_experiment(args: argparse.Namespace) -> Any:
 
     from shared.core import MigrationBudget
     from shared.sim.engine import SimConfig
-    from shared.sim.experiment import WORKLOADS, Experiment, TraceSpec
+    from shared.sim.experiment import MIGRATION, WORKLOADS, Experiment, TraceSpec, split_policy
     from shared.sim.fleet import FailureModel, FleetConfig
     from shared.sim.mapping import MappingConfig
 
     policies = tuple(p.strip() for p in args.policy.split(",") if p.strip())
-    bad = [p for p in policies if p not in POLICIES]
+    bad = [p for p in policies if split_policy(p)[0] not in POLICIES or split_policy(p)[1] not in ("", MIGRATION)]
     if bad or not policies:
-        raise SystemExit(f"unknown policy {bad}; choose from {', '.join(sorted(POLICIES))}")
+        raise SystemExit(
+            f"unknown policy {bad}; choose from {', '.join(sorted(POLICIES))}, each optionally +{MIGRATION}"
+        )
     if (args.workload is None) == (not args.trace):
         raise SystemExit("give either --workload or --trace (one or more)")
     if args.workload is not None:

@@ -110,10 +110,20 @@ _WORK: tuple[Experiment, Workload] | None = None  # set in the parent before for
 _PROGRESS: Any = None  # shared array of per-run progress fractions
 
 
+MIGRATION = "migration"  # `rackscale+migration`: that policy with the migration planner (the others without)
+
+
+def split_policy(label: str) -> tuple[str, str]:
+    """`rackscale+migration` -> ("rackscale", "migration"); `block` -> ("block", "")."""
+    name, _, variant = label.partition("+")
+    return name, variant
+
+
 def run_one(
     exp: Experiment, work: Workload, policy: str, seed: int, progress: Callable[[float], None] | None = None
 ) -> RunOut:
-    cfg = replace(exp.sim, policy=policy, seed=seed)
+    name, variant = split_policy(policy)
+    cfg = replace(exp.sim, policy=name, seed=seed, migration=exp.sim.migration or variant == MIGRATION)
     topo = cfg.fleet.topology()
     mapped = map_jobs(work.jobs, replace(exp.mapping, gpus_per_node=cfg.fleet.gpus_per_node), topo, seed)
     t0 = time.perf_counter()

@@ -131,7 +131,8 @@ def markdown(summary: dict[str, Any], title: str = "Simulation report") -> str:
         + (" (mean ± sample std)." if seeds > 1 else ".")
     )
     lines += ["", "| metric | " + " | ".join(pols) + " |", "| --- |" + " ---: |" * len(pols)]
-    mig = MIGRATION_ROWS if params.get("migration") else ()
+    with_moves = params.get("migration") or any("moves_per_day" in summary["policies"][p] for p in pols)
+    mig = MIGRATION_ROWS if with_moves else ()
     flexible = (
         ("smaller_layout_share",) if any(summary["policies"][p].get("smaller_layout_share") for p in pols) else ()
     )

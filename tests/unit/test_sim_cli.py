@@ -107,3 +107,22 @@ def test_a_standard_workload_names_its_traces_and_windows(tmp_path: Path) -> Non
     assert rc == 0 and all(v == 1.0 for v in report["headroom"]["ceiling"]["captured_per_seed"].values())
     assert "work_jct_mean" in report["policies"]["block"]
     assert "goodput / block's" in (tmp_path / "report.md").read_text()
+
+
+def test_a_policy_with_the_migration_planner_beside_ones_without(tmp_path: Path) -> None:
+    """`rackscale+migration` runs that policy with the planner; block and ceiling beside it run without, so the
+    headroom compares rackscale's whole stack with Slurm's block in one report."""
+    extra = ("--policy", "block,ceiling,rackscale+migration", "--seed", "3", "--no-plots")
+    assert run_cli(tmp_path / "m", *extra) == 0
+    report = json.loads((tmp_path / "m" / "report.json").read_text())
+    assert set(report["policies"]) == {"block", "ceiling", "rackscale+migration"}
+    assert "moves_per_day" in report["policies"]["rackscale+migration"]
+    assert "moves_per_day" not in report["policies"]["block"]
+    assert set(report["headroom"]) == {"block", "ceiling", "rackscale+migration"}
+    assert "| defragmentation moves |" in (tmp_path / "m" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("bad", ["rackscale+defrag", "nope+migration"])
+def test_an_unknown_policy_variant_is_refused(bad: str, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="unknown policy"):
+        run_cli(tmp_path / "u", "--policy", bad)
