@@ -308,7 +308,9 @@ class _Cycle:
             if self._smaller_size(req, ctx):
                 return True
             # from here on (loans, shrinking others, preemption, a reservation) at its least size
+            most = req.job.gpus
             req = req.sizes[-1]
+            note += f"; elastic {req.job.gpus}-{most} GPUs: no size fits now, it waits at its least"
             runtime = self._runtime(req.job)
             end = self.now + runtime
             ctx = Context(now=self.now, job_end=end, demand=demand)

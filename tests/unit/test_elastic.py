@@ -46,6 +46,8 @@ def test_nothing_fits_reserves_at_its_least_size() -> None:
     state = fleet(["AAAAAAAAAAAAAAAAA ."], {"A": Run(end=100.0)})
     (d,) = cycle(state, [elastic("E", 16, 64, expected_runtime_s=1000.0)]).decisions
     assert isinstance(d, Reserve) and len(d.nodes) == 4 and d.start == 100.0
+    assert "needs 4 nodes in one NVLink domain" in d.reason
+    assert "elastic 16-64 GPUs: no size fits now, it waits at its least" in d.reason
 
 
 def test_a_higher_priority_job_shrinks_an_elastic_one_instead_of_preempting_it() -> None:
