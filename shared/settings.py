@@ -258,7 +258,9 @@ class Settings:
         "migration: GPU-hours of moving (checkpoint + restore x GPUs) that defragmentation may start per hour",
         kind="number > 0",
     )
-    defrag: str = _env("RACKSCALE_DEFRAG", _choice("on", "off"), "on", "migration: defragmentation, consolidation and growth by moves")
+    defrag: str = _env(
+        "RACKSCALE_DEFRAG", _choice("on", "off"), "on", "migration: defragmentation, consolidation and growth by moves"
+    )
     rebalance_spread_c: float = _env(
         "RACKSCALE_REBALANCE_SPREAD_C",
         _number,

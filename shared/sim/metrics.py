@@ -39,7 +39,8 @@ a few very long jobs after the last arrival. Definitions (GPU-seconds unless sai
   slowdown (a flexible job's smaller layout included); ``overhead_gpu_h``: restore time (and the pauses of
   moved jobs).
 - ``smaller_layout_share``: of the GPU-hours flexible jobs (several segment sizes) held, the share on a
-  smaller segment than their first (``null`` without flexible jobs).
+  smaller segment than their first (``null`` without flexible jobs); ``shrinks`` / ``grows``: elastic jobs
+  the cycle shrank (instead of preempting them) and the planner grew into idle room.
 - With migration on (``--migration on``) also: ``migrations`` (every move of the run), ``moves_per_day``
   (moves inside the window per window day), ``defrag_plans`` / ``defrag_moves`` / ``staged_plans``,
   ``consolidations`` (flexible jobs moved onto their preferred segments, `shared/core/consolidation.py`),
@@ -211,6 +212,8 @@ def compute(res: SimResult) -> dict[str, float | int | None]:
         "slowdown_gpu_h": slow_loss / 3600.0,
         # of the GPU-h flexible jobs held, the share on a smaller segment than their first (null: none flexible)
         "smaller_layout_share": flex_smaller / flex_total if flex_total else None,
+        "shrinks": res.shrinks,  # elastic jobs the cycle shrank instead of preempting
+        "grows": res.grows,  # elastic jobs grown into idle room (migration on)
         "overhead_gpu_h": overhead / 3600.0,
         "events": res.events,
         "cycles": res.cycles,

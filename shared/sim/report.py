@@ -45,6 +45,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "slowdown_gpu_h": ("GPU-h lost to cross-domain slowdown", "num"),
     "unfinished": ("unfinished jobs", "num"),
     "smaller_layout_share": ("flexible jobs' GPU-h on a smaller segment", "pct"),
+    "shrinks": ("elastic jobs shrunk (instead of preempted)", "num"),
+    "grows": ("elastic jobs grown into idle room", "num"),
     "moves_per_day": ("moves per day", "num"),
     "defrag_moves": ("defragmentation moves", "num"),
     "consolidations": ("moves onto a flexible job's preferred segments", "num"),
