@@ -259,7 +259,7 @@ class Settings:
         kind="number > 0",
     )
     defrag: str = _env(
-        "RACKSCALE_DEFRAG", _choice("on", "off"), "on", "migration: defragmentation, consolidation and growth by moves"
+        "RACKSCALE_DEFRAG", _choice("on", "off"), "on", "migration: defragmentation, consolidation, growth by moves"
     )
     rebalance_spread_c: float = _env(
         "RACKSCALE_REBALANCE_SPREAD_C",

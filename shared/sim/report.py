@@ -47,6 +47,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "smaller_layout_share": ("flexible jobs' GPU-h on a smaller segment", "pct"),
     "shrinks": ("elastic jobs shrunk (instead of preempted)", "num"),
     "grows": ("elastic jobs grown into idle room", "num"),
+    "shrinks": ("elastic jobs shrunk (instead of preempted)", "num"),
+    "grows": ("elastic jobs grown into idle room", "num"),
     "moves_per_day": ("moves per day", "num"),
     "defrag_moves": ("defragmentation moves", "num"),
     "consolidations": ("moves onto a flexible job's preferred segments", "num"),
@@ -135,9 +137,8 @@ def markdown(summary: dict[str, Any], title: str = "Simulation report") -> str:
     lines += ["", "| metric | " + " | ".join(pols) + " |", "| --- |" + " ---: |" * len(pols)]
     with_moves = params.get("migration") or any("moves_per_day" in summary["policies"][p] for p in pols)
     mig = MIGRATION_ROWS if with_moves else ()
-    flexible = (
-        ("smaller_layout_share",) if any(summary["policies"][p].get("smaller_layout_share") for p in pols) else ()
-    )
+    shaped = ("smaller_layout_share", "shrinks", "grows")
+    flexible = tuple(k for k in shaped if any(summary["policies"][p].get(k) for p in pols))
     for key in (*HEADLINE, "failure_kills", "lost_gpu_h", "slowdown_gpu_h", "unfinished", *flexible, *mig):
         label, kind = LABELS.get(key, (key, "num"))
         vals = [summary["policies"][p].get(key) for p in pols]
