@@ -47,8 +47,6 @@ LABELS: dict[str, tuple[str, str]] = {
     "smaller_layout_share": ("flexible jobs' GPU-h on a smaller segment", "pct"),
     "shrinks": ("elastic jobs shrunk (instead of preempted)", "num"),
     "grows": ("elastic jobs grown into idle room", "num"),
-    "shrinks": ("elastic jobs shrunk (instead of preempted)", "num"),
-    "grows": ("elastic jobs grown into idle room", "num"),
     "moves_per_day": ("moves per day", "num"),
     "defrag_moves": ("defragmentation moves", "num"),
     "consolidations": ("moves onto a flexible job's preferred segments", "num"),
