@@ -548,82 +548,79 @@ class _Cycle:
     ) -> tuple[float, Placement] | object | None:
         """Replay the forecast (running jobs end, earlier reservations run and end) until the job fits.
 
-        `within`: only in these NVLink domains; `until`: give up (None) at this time. Nothing changes in
-        the end: every step goes through the statement and is rolled back.
+        `within`: only in these NVLink domains; `until`: give up (None) at this time. Nothing changes: the
+        replay runs on a copy of the state, thrown away after. Copying costs a fraction of what logging every
+        release and node toggle in the statement and undoing them all cost (a forecast replays most running
+        jobs' ends and toggles every reserved node: the simulator's hot spot on a busy cluster).
         """
-        state, stmt = self.state, self.stmt
-        cp = stmt.checkpoint()
-        try:
-            # earlier reservations keep their whole layouts, busy nodes included, until they end
-            cover: dict[int, int] = {}
-            for h in self.holds:
-                for node in h.nodes:
-                    cover[node] = cover.get(node, 0) + 1
-            # their holds go too: the layouts come back whole (free and busy nodes alike) when they end
-            for h in self.holds:
-                if HOLD_PREFIX + h.job_id in state.allocs:
-                    stmt.release(HOLD_PREFIX + h.job_id)
-            disabled = {n for n in cover if state.usable[n]}
-            for node in sorted(disabled):
-                stmt.set_usable(node, False)
-            # borrowers give their nodes back to whichever reserved job fits without them: they end now
-            mine = self.sched.lent
-            events: list[tuple[float, int, str]] = [
-                (self.now if a.job_id in mine else max(a.expected_end, self.now), 0, a.job_id)
-                for a in state.allocs.values()
-                if not a.hold
-            ]
-            events += [(h.end, 1, str(i)) for i, h in enumerate(self.holds)]
-            events.sort()
-            need, k = req.nodes, req.k
-            # cheap gate before asking the policy: one-layer layouts need `pieces` hostable runs
-            layers = self.policy.layers(state, req)
-            level, size = layers[0] if len(layers) == 1 else (0, need)
-            pieces = need // size
-            row = state.count[level]
-            node_group = state.topo.node_group[level]
+        state = self.state.copy()
+        # earlier reservations keep their whole layouts, busy nodes included, until they end
+        cover: dict[int, int] = {}
+        for h in self.holds:
+            for node in h.nodes:
+                cover[node] = cover.get(node, 0) + 1
+        # their holds go too: the layouts come back whole (free and busy nodes alike) when they end
+        for h in self.holds:
+            if HOLD_PREFIX + h.job_id in state.allocs:
+                state.release(HOLD_PREFIX + h.job_id)
+        disabled = {n for n in cover if state.usable[n]}
+        state.set_usable_many(disabled, False)
+        # borrowers give their nodes back to whichever reserved job fits without them: they end now
+        mine = self.sched.lent
+        events: list[tuple[float, int, str]] = [
+            (self.now if a.job_id in mine else max(a.expected_end, self.now), 0, a.job_id)
+            for a in state.allocs.values()
+            if not a.hold
+        ]
+        events += [(h.end, 1, str(i)) for i, h in enumerate(self.holds)]
+        events.sort()
+        need, k = req.nodes, req.k
+        # cheap gate before asking the policy: one-layer layouts need `pieces` hostable runs
+        layers = self.policy.layers(state, req)
+        level, size = layers[0] if len(layers) == 1 else (0, need)
+        pieces = need // size
+        row = state.count[level]
+        node_group = state.topo.node_group[level]
+        contrib = [r[k] // size for r in row]
+        if within is not None and level >= state.topo.domain:
+            # groups outside the allowed domains host nothing, now or later
+            topo = state.topo
+            node_dom = topo.node_group[topo.domain]
+            row = [r if node_dom[topo.group_nodes[level][g][0]] in within else [0] * len(r) for g, r in enumerate(row)]
             contrib = [r[k] // size for r in row]
-            if within is not None and level >= state.topo.domain:
-                # groups outside the allowed domains host nothing, now or later
-                topo = state.topo
-                node_dom = topo.node_group[topo.domain]
-                row = [
-                    r if node_dom[topo.group_nodes[level][g][0]] in within else [0] * len(r) for g, r in enumerate(row)
-                ]
-                contrib = [r[k] // size for r in row]
-            hostable = sum(contrib)
-            i = 0
-            while i < len(events):
-                t = events[i][0]
-                if t == INF:
-                    return _UNKNOWN  # jobs with no expected end never free their nodes in a forecast
-                if t >= until:
-                    return None  # no fit before `until`: the caller's search stops there
-                touched: set[int] = set()
-                while i < len(events) and events[i][0] == t:
-                    _, kind, ref = events[i]
-                    i += 1
-                    if kind == 0:
-                        touched.update(node_group[n] for n in stmt.release(ref).nodes)
-                        continue
-                    for node in self.holds[int(ref)].nodes:
-                        cover[node] -= 1
-                        if not cover[node] and node in disabled:
-                            stmt.set_usable(node, True)
-                            touched.add(node_group[node])
-                for g in touched:
-                    now_units = row[g][k] // size
-                    hostable += now_units - contrib[g]
-                    contrib[g] = now_units
-                if hostable < pieces or state.count[0][0][k] < need:
+        hostable = sum(contrib)
+        i = 0
+        while i < len(events):
+            t = events[i][0]
+            if t == INF:
+                return _UNKNOWN  # jobs with no expected end never free their nodes in a forecast
+            if t >= until:
+                return None  # no fit before `until`: the caller's search stops there
+            touched: set[int] = set()
+            while i < len(events) and events[i][0] == t:
+                _, kind, ref = events[i]
+                i += 1
+                if kind == 0:
+                    touched.update(node_group[n] for n in state.release(ref).nodes)
                     continue
-                ctx = Context(now=t, job_end=t + runtime, demand=demand, within=within)
-                placement = self.policy.place(state, req, ctx)
-                if placement is not None:
-                    return t, placement
-            return None
-        finally:
-            stmt.rollback(cp)
+                back = []
+                for node in self.holds[int(ref)].nodes:
+                    cover[node] -= 1
+                    if not cover[node] and node in disabled:
+                        back.append(node)
+                        touched.add(node_group[node])
+                state.set_usable_many(back, True)
+            for g in touched:
+                now_units = row[g][k] // size
+                hostable += now_units - contrib[g]
+                contrib[g] = now_units
+            if hostable < pieces or state.count[0][0][k] < need:
+                continue
+            ctx = Context(now=t, job_end=t + runtime, demand=demand, within=within)
+            placement = self.policy.place(state, req, ctx)
+            if placement is not None:
+                return t, placement
+        return None
 
     def _borrow(self, req: Request, ctx: Context, end: float) -> bool:
         """Backfill into held nodes of reservations that start after this job is expected to end (with

@@ -413,3 +413,30 @@ def test_tenant_gpus_and_priorities_follow_running_jobs() -> None:
     copy.tenant_gpus["x"] = 4  # drift is caught by the recount
     with pytest.raises(StateError, match="per-tenant"):
         copy.check()
+
+
+def test_set_usable_many_equals_one_at_a_time() -> None:
+    # the forecast takes the reserved layouts' nodes out in bulk: the same counts and pins as node by node
+    import random
+
+    from shared.core import ClusterState
+
+    rng = random.Random(5)
+    base = fleet(3, nodes=4)
+    for i in range(12):
+        node = rng.choice([n for n in range(len(base.topo)) if base.node_fits(n, 1, False)])
+        base.allocate(Allocation(f"j{i}", (node,), (base.free[node] & -base.free[node],), checkpointable=i % 2 == 0))
+    for usable in (False, True):
+        bulk, single = base.copy(), base.copy()
+        nodes = rng.sample(range(len(base.topo)), 7)
+        nodes += nodes[:2]  # named twice: flipped once
+        if usable:
+            for s in (bulk, single):
+                for n in nodes:
+                    s.set_usable(n, False)
+        bulk.set_usable_many(nodes, usable)
+        for n in nodes:
+            single.set_usable(n, usable)
+        for name in ClusterState.__slots__:
+            assert getattr(bulk, name) == getattr(single, name), name
+        bulk.check()
