@@ -575,20 +575,30 @@ class _Cycle:
         events += [(h.end, 1, str(i)) for i, h in enumerate(self.holds)]
         events.sort()
         need, k = req.nodes, req.k
-        # cheap gate before asking the policy: one-layer layouts need `pieces` hostable runs
+        # cheap gate before asking the policy: one-layer layouts need `pieces` hostable runs. The gate follows
+        # the ends on its own counts (nodes of the gate's level with k free GPUs per group, and in all); the
+        # copy is told of them (the costly part: every level's counts, the jobs per node) only when the gate
+        # passes and the policy must look. Ends and nodes coming back commute, so the state it looks at is the
+        # one a step-by-step replay would have reached
         layers = self.policy.layers(state, req)
         level, size = layers[0] if len(layers) == 1 else (0, need)
         pieces = need // size
-        row = state.count[level]
         node_group = state.topo.node_group[level]
-        contrib = [r[k] // size for r in row]
+        fit = [r[k] for r in state.count[level]]
+        allowed = [True] * len(fit)
         if within is not None and level >= state.topo.domain:
             # groups outside the allowed domains host nothing, now or later
             topo = state.topo
             node_dom = topo.node_group[topo.domain]
-            row = [r if node_dom[topo.group_nodes[level][g][0]] in within else [0] * len(r) for g, r in enumerate(row)]
-            contrib = [r[k] // size for r in row]
+            allowed = [node_dom[topo.group_nodes[level][g][0]] in within for g in range(len(fit))]
+        contrib = [f // size if ok else 0 for f, ok in zip(fit, allowed, strict=True)]
         hostable = sum(contrib)
+        total = state.count[0][0][k]
+        free, full, usable, allocs = state.free, state.full, state.usable, state.allocs
+        later_free: dict[int, int] = {}  # free GPUs of nodes whose ends the copy hasn't been told of yet
+        ended: list[str] = []  # ends not applied to the copy yet
+        back: list[int] = []  # nodes back in play, not applied to the copy yet
+        back_set: set[int] = set()
         i = 0
         while i < len(events):
             t = events[i][0]
@@ -601,21 +611,38 @@ class _Cycle:
                 _, kind, ref = events[i]
                 i += 1
                 if kind == 0:
-                    touched.update(node_group[n] for n in state.release(ref).nodes)
+                    a = allocs[ref]
+                    ended.append(ref)
+                    for node, mask in zip(a.nodes, a.masks, strict=True):
+                        before = later_free.get(node, free[node])
+                        later_free[node] = after = before | (mask & full[node])
+                        if (usable[node] or node in back_set) and before.bit_count() < k <= after.bit_count():
+                            g = node_group[node]
+                            fit[g] += 1
+                            total += 1
+                            touched.add(g)
                     continue
-                back = []
                 for node in self.holds[int(ref)].nodes:
                     cover[node] -= 1
                     if not cover[node] and node in disabled:
                         back.append(node)
-                        touched.add(node_group[node])
-                state.set_usable_many(back, True)
+                        back_set.add(node)
+                        if later_free.get(node, free[node]).bit_count() >= k:
+                            g = node_group[node]
+                            fit[g] += 1
+                            total += 1
+                            touched.add(g)
             for g in touched:
-                now_units = row[g][k] // size
+                now_units = fit[g] // size if allowed[g] else 0
                 hostable += now_units - contrib[g]
                 contrib[g] = now_units
-            if hostable < pieces or state.count[0][0][k] < need:
+            if hostable < pieces or total < need:
                 continue
+            for ref in ended:
+                state.release(ref)
+            state.set_usable_many(back, True)
+            ended, back, later_free = [], [], {}
+            back_set = set()
             ctx = Context(now=t, job_end=t + runtime, demand=demand, within=within)
             placement = self.policy.place(state, req, ctx)
             if placement is not None:
