@@ -228,6 +228,9 @@ class _Cycle:
         self.stmt = Statement(state)
         self.holds: list[_Hold] = []
         self.failed_shapes: set[tuple[object, ...]] = set()
+        # (shape, the holds it was lent) that didn't fit even so: the state only fills up during a cycle (until a
+        # preemption frees GPUs, when `_start_over` forgets these as it forgets `failed_shapes`)
+        self.failed_borrows: set[tuple[object, ...]] = set()
         self.result = CycleResult()
         self.held: dict[str, int] = dict(state.tenant_gpus)  # GPUs per tenant, as this cycle allocates
         self.failed_preempt: dict[tuple[object, ...], int] = {}
@@ -656,12 +659,16 @@ class _Cycle:
         lendable = [h for h in self.holds if (lend or h.start >= end) and HOLD_PREFIX + h.job_id in self.state.allocs]
         if not lendable:
             return False
+        tried = (req.shape_key, *(h.job_id for h in lendable))
+        if tried in self.failed_borrows:
+            return False
         cp = self.stmt.checkpoint()
         for h in lendable:
             self.stmt.release(HOLD_PREFIX + h.job_id)
         placement = self.policy.place(self.state, req, ctx)
         if placement is None:
             self.stmt.rollback(cp)
+            self.failed_borrows.add(tried)
             return False
         self._allocate(req, placement, end, backfilled=True)
         if lend:
@@ -715,6 +722,7 @@ class _Cycle:
             self.result.decisions.append(Preempt(v.job_id, req.job.id, v.checkpointable))
         self._allocate(req, placement, end, backfilled=False)
         self.failed_shapes.clear()  # the victims may have freed more than this job took
+        self.failed_borrows.clear()
         self._refresh_holds()
 
     # -- preemption --------------------------------------------------------------------------------------
