@@ -197,6 +197,8 @@ class Policy:
         Pieces of the innermost layer are taken here at once, so they come back with 0 pieces left.
         """
         level = layers[i][0]
+        if i + 1 == len(layers) and type(self).piece_key is Policy.piece_key:
+            return self._best_fit_pieces(pk, level, layers[i][1], scope, count, ctx)
         chosen: list[tuple[int, int]] = []
         used: dict[int, int] = {}
         for _ in range(count):
@@ -219,6 +221,25 @@ class Policy:
                     return None
                 chosen[-1] = (best, 0)
                 used[best] -= 1
+        return chosen
+
+    def _best_fit_pieces(
+        self, pk: Picker, level: int, size: int, scope: Sequence[int], count: int, ctx: Context
+    ) -> list[tuple[int, int]] | None:
+        """`choose_layer` for the innermost layer with the default `piece_key`, the same choices: a group
+        hosts a piece when its capacity is `size` or more, and taking one changes only that group's capacity,
+        so the capacities are read once (a forecast places a large job's segments at every step it tries)."""
+        caps = {g: pk.cap(level, g) for g in scope}
+        chosen: list[tuple[int, int]] = []
+        for _ in range(count):
+            fits = [(c, -g) for g, c in caps.items() if c >= size]
+            if not fits:
+                return None
+            best = -min(fits)[1]
+            if not self.take_nodes(pk, level, best, size, ctx):
+                return None
+            chosen.append((best, 0))
+            caps[best] = pk.cap(level, best)
         return chosen
 
     def piece_key(
