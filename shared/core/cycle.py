@@ -641,8 +641,7 @@ class _Cycle:
                 contrib[g] = now_units
             if hostable < pieces or total < need:
                 continue
-            for ref in ended:
-                state.release(ref)
+            state.release_many(ended)
             state.set_usable_many(back, True)
             ended, back, later_free = [], [], {}
             back_set = set()

@@ -259,6 +259,32 @@ class ClusterState:
             self._pin(alloc, -1)
         return alloc
 
+    def release_many(self, job_ids: Iterable[str]) -> None:
+        """`release` for each job, each node's free GPUs, jobs and counts changed once: a forecast ends a batch
+        of running jobs at a time, many of them sharing nodes."""
+        gone: dict[str, Allocation] = {}
+        for job_id in job_ids:
+            alloc = self.allocs.pop(job_id, None)
+            if alloc is None:
+                raise StateError(f"job {job_id} holds no GPUs")
+            gone[job_id] = alloc
+        freed: dict[int, int] = {}
+        for alloc in gone.values():
+            for node, mask in zip(alloc.nodes, alloc.masks, strict=True):
+                freed[node] = freed.get(node, 0) | mask
+            if not alloc.hold:
+                self._tally(alloc, -1)
+            if self.pins_nodes(alloc):
+                self._pin(alloc, -1)
+        free, full, nfree, node_jobs, usable = self.free, self.full, self.nfree, self.node_jobs, self.usable
+        for node, mask in freed.items():
+            old = nfree[node]
+            free[node] |= mask & full[node]  # GPUs that went down while held stay out of the free set
+            nfree[node] = new = free[node].bit_count()
+            node_jobs[node] = {j: m for j, m in node_jobs[node].items() if j not in gone}
+            if usable[node]:
+                self._count(node, old, new)
+
     def set_usable(self, node: int, usable: bool) -> None:
         """Drain/undrain or down/up a node; its running allocations are untouched."""
         if self.usable[node] == usable:

@@ -440,3 +440,29 @@ def test_set_usable_many_equals_one_at_a_time() -> None:
         for name in ClusterState.__slots__:
             assert getattr(bulk, name) == getattr(single, name), name
         bulk.check()
+
+
+def test_release_many_equals_one_at_a_time() -> None:
+    # a forecast ends a batch of running jobs at once: the same state as releasing them one by one
+    import random
+
+    from shared.core import ClusterState
+
+    rng = random.Random(7)
+    base = fleet(3, nodes=4)
+    for i in range(30):
+        nodes = [n for n in range(len(base.topo)) if base.node_fits(n, 1, False)]
+        picked = rng.sample(nodes, min(len(nodes), rng.randint(1, 3)))
+        masks = tuple(base.free[n] & -base.free[n] for n in picked)
+        base.allocate(Allocation(f"j{i}", tuple(picked), masks, checkpointable=i % 3 == 0, tenant=f"t{i % 2}"))
+    base.set_usable(3, False)
+    ids = rng.sample(sorted(base.allocs), 12)
+    bulk, single = base.copy(), base.copy()
+    bulk.release_many(ids)
+    for j in ids:
+        single.release(j)
+    for name in ClusterState.__slots__:
+        assert getattr(bulk, name) == getattr(single, name), name
+    bulk.check()
+    with pytest.raises(StateError):
+        bulk.release_many([ids[0]])
