@@ -20,10 +20,17 @@ class FlatPolicy(Policy):
 
     def spill(self, pk: Picker, ctx: Context) -> bool:
         need = pk.req.nodes
-        for node in range(len(pk.state.topo)):
-            if pk.fits(node):
-                pk.take(node, self.gpu_mask(pk, node))
-                need -= 1
-                if not need:
-                    return True
+        state = pk.state
+        if pk.within is None and not pk.req.exclusive:
+            # `pk.fits` as the scan needs it, in one pass: nothing is taken ahead of the scan, so a usable node
+            # with k free GPUs fits (a forecast places large jobs this way at every step it tries)
+            usable, nfree, k = state.usable, state.nfree, pk.k
+            nodes = (n for n in range(len(state.topo)) if usable[n] and nfree[n] >= k)
+        else:
+            nodes = (n for n in range(len(state.topo)) if pk.fits(n))
+        for node in nodes:
+            pk.take(node, self.gpu_mask(pk, node))
+            need -= 1
+            if not need:
+                return True
         return False
