@@ -314,6 +314,7 @@ def plan_defrag(
     topo = state.topo
     reserved = frozenset().union(*promised.values()) if promised else frozenset()
     tried = 0
+    ends: dict[int, float] = {}  # the candidates' waits read the same nodes' ends (each plan is undone)
     for job in pending:
         if tried >= budget.max_candidates:
             break
@@ -328,7 +329,7 @@ def plan_defrag(
         if policy.place(state, req, ctx) is not None:
             continue  # fits already: the cycle places it
         prefer = promised.get(job.id, frozenset()) if promised else frozenset()
-        plan = _plan_for(state, req, movable, policy, budget, now, ctx, prefer, reserved)
+        plan = _plan_for(state, req, movable, policy, budget, now, ctx, prefer, reserved, ends)
         if plan is not None:
             return plan
     return None
@@ -354,9 +355,11 @@ def natural_wait(state: ClusterState, req: Request, now: float) -> float:
     return _waits(state, req, now)[0]
 
 
-def _waits(state: ClusterState, req: Request, now: float) -> tuple[float, float]:
+def _waits(state: ClusterState, req: Request, now: float, ends: dict[int, float] | None = None) -> tuple[float, float]:
     """(natural wait, wait until enough fitting nodes are free anywhere): the wait a plan can at best
-    shorten to the second when it consolidates free nodes as they come."""
+    shorten to the second when it consolidates free nodes as they come. `ends`: node -> when its last job is
+    expected to end, filled as nodes are looked at and shared by callers looking at the same state and time."""
+    ends = {} if ends is None else ends
     topo = state.topo
     level, size = req.slices[0]
     pieces = req.nodes // size
@@ -371,7 +374,10 @@ def _waits(state: ClusterState, req: Request, now: float) -> tuple[float, float]
             if state.node_fits(n, k, excl):
                 free_at.append(now)
                 continue
-            free_at.append(max((_expected_end(state.allocs[j], now) for j in state.node_jobs[n]), default=now))
+            end = ends.get(n)
+            if end is None:
+                end = ends[n] = max((_expected_end(state.allocs[j], now) for j in state.node_jobs[n]), default=now)
+            free_at.append(end)
         free_at.sort()
         every += free_at
         for p in range(1, len(free_at) // size + 1):
@@ -410,12 +416,13 @@ def _plan_for(
     ctx: Context,
     prefer: frozenset[int] = frozenset(),
     avoid: frozenset[int] = frozenset(),
+    ends: dict[int, float] | None = None,
 ) -> Plan | None:
     topo = state.topo
     level, size = req.slices[0]
     pieces = req.nodes // size
     k = req.k
-    natural, anywhere = _waits(state, req, now)
+    natural, anywhere = _waits(state, req, now, ends)
     gain = req.gpus * (natural - anywhere if natural < INF else natural)
     if gain <= 0:
         return None
