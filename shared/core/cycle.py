@@ -231,6 +231,8 @@ class _Cycle:
         # (shape, the holds it was lent) that didn't fit even so: the state only fills up during a cycle (until a
         # preemption frees GPUs, when `_start_over` forgets these as it forgets `failed_shapes`)
         self.failed_borrows: set[tuple[object, ...]] = set()
+        # why a shape doesn't fit, as `explain` words it for the state as it is (forgotten at every change)
+        self.reasons: dict[tuple[object, ...], str] = {}
         self.result = CycleResult()
         self.held: dict[str, int] = dict(state.tenant_gpus)  # GPUs per tenant, as this cycle allocates
         self.failed_preempt: dict[tuple[object, ...], int] = {}
@@ -319,7 +321,10 @@ class _Cycle:
             ctx = Context(now=self.now, job_end=end, demand=demand)
         if self.sched.lend and self._reclaim(req, ctx, end):
             return True
-        reason = explain(self.state, req, self.policy.honours_required) + note
+        reason = self.reasons.get(req.shape_key)
+        if reason is None:
+            reason = self.reasons[req.shape_key] = explain(self.state, req, self.policy.honours_required)
+        reason += note
 
         if cfg.backfill and self._borrow(req, ctx, end):
             return True
@@ -466,6 +471,7 @@ class _Cycle:
     def _allocate(self, req: Request, placement: Placement, end: float, backfilled: bool) -> None:
         self.stmt.allocate(placement.allocation(req, self.now, end))
         self.started.add(req.job.id)
+        self.reasons.clear()
         prio = req.job.priority
         self.min_priority = prio if self.min_priority is None else min(self.min_priority, prio)
         self.held[req.job.tenant] = self.held.get(req.job.tenant, 0) + req.job.gpus
@@ -488,6 +494,7 @@ class _Cycle:
             self._apply_hold(h)
 
     def _apply_hold(self, hold: _Hold) -> None:
+        self.reasons.clear()
         free = self.state.free
         pairs = [(n, m & free[n]) for n, m in zip(hold.nodes, hold.masks, strict=True) if m & free[n]]
         if pairs:
