@@ -59,6 +59,7 @@ from shared.core.reasons import duration, explain
 from shared.core.shape import JobSpec, Request, ShapeError, request
 from shared.core.state import INF, Allocation, ClusterState
 from shared.core.statement import Statement
+from shared.core.topology import Topology
 
 HOLD_PREFIX = "resv:"
 # a kept reservation yields to another layout only when that one starts this much sooner (see module doc)
@@ -195,6 +196,8 @@ class Scheduler:
         self.lent: dict[str, frozenset[str]] = {}
         self.reserved: frozenset[str] = frozenset()  # the jobs the last cycle reserved
         self.forecasts: dict[str, _Forecast] = {}  # the last cycle's reservations (`reuse_forecasts`)
+        # job id -> (spec, topology, its request or why it has none), for the last cycle's jobs
+        self.requests: dict[str, tuple[JobSpec, Topology, Request | ShapeError]] = {}
 
     def cycle(
         self,
@@ -249,11 +252,20 @@ class _Cycle:
         ordered = order_jobs(pending, self.held, self.cfg, usage)
         self.result.order = [j.id for j in ordered]
         reqs: list[Request | ShapeError] = []
+        topo = self.state.topo
+        # a job waits through many cycles as the same spec: its request is worked out once per spec and topology
+        known = self.sched.requests
+        kept: dict[str, tuple[JobSpec, Topology, Request | ShapeError]] = {}
         for job in ordered:
-            try:
-                reqs.append(request(job, self.state.topo))
-            except ShapeError as e:
-                reqs.append(e)
+            got = known.get(job.id)
+            if got is None or got[0] is not job or got[1] is not topo:
+                try:
+                    got = (job, topo, request(job, topo))
+                except ShapeError as e:
+                    got = (job, topo, e)
+            kept[job.id] = got
+            reqs.append(got[2])
+        self.sched.requests = kept
         demand = frozenset(r.slices[-1][1] if r.slices else r.nodes for r in reqs if isinstance(r, Request))
         blocked_by: str | None = None
         try:
