@@ -552,16 +552,12 @@ class _Cycle:
             # only layouts of whole domain-level pieces can be confined to domains; ids from another topology
             # (fewer domains) are dropped
             if layers and layers[-1][0] >= topo.domain and max(before) < len(topo.group_nodes[topo.domain]):
-                # one replay answers both: the earliest start in the kept domains and anywhere (the latter left
-                # None when the kept one comes first: it can't be much sooner then)
-                kept, anywhere = self._replay(req, runtime, demand, (before, None))
-                if not isinstance(kept, tuple):
-                    return anywhere
-                # only a layout starting before `until` is "much sooner"
-                until = self.now + (kept[0] - self.now - STICKY_SLACK_S) / STICKY_FACTOR
-                if until > self.now and isinstance(anywhere, tuple) and anywhere[0] < until:
-                    return anywhere
-                return kept
+                kept = self._earliest_start(req, runtime, demand, within=before)
+                if isinstance(kept, tuple):
+                    # only a layout starting before `until` is "much sooner"; the search stops there
+                    until = self.now + (kept[0] - self.now - STICKY_SLACK_S) / STICKY_FACTOR
+                    sooner = self._earliest_start(req, runtime, demand, until=until) if until > self.now else None
+                    return sooner if isinstance(sooner, tuple) else kept
         return self._earliest_start(req, runtime, demand)
 
     def _earliest_start(
@@ -574,27 +570,10 @@ class _Cycle:
     ) -> tuple[float, Placement] | object | None:
         """Replay the forecast (running jobs end, earlier reservations run and end) until the job fits.
 
-        `within`: only in these NVLink domains; `until`: give up (None) at this time.
-        """
-        return self._replay(req, runtime, demand, (within,), until)[0]
-
-    def _replay(
-        self,
-        req: Request,
-        runtime: float,
-        demand: frozenset[int],
-        scopes: tuple[frozenset[int] | None, ...],
-        until: float = INF,
-    ) -> list[tuple[float, Placement] | object | None]:
-        """`_earliest_start` for each scope (NVLink domains, None: any) in one replay: the earliest start and
-        layout per scope, None when it finds none (before `until`), _UNKNOWN when jobs without an expected end
-        stand in the way. The replay stops once the first scope has its answer; the others not answered by then
-        are None (they start no sooner than it).
-
-        Nothing changes: the replay runs on a copy of the state, thrown away after. Copying costs a fraction of
-        what logging every release and node toggle in the statement and undoing them all cost (a forecast
-        replays most running jobs' ends and toggles every reserved node: the simulator's hot spot on a busy
-        cluster).
+        `within`: only in these NVLink domains; `until`: give up (None) at this time. Nothing changes: the
+        replay runs on a copy of the state, thrown away after. Copying costs a fraction of what logging every
+        release and node toggle in the statement and undoing them all cost (a forecast replays most running
+        jobs' ends and toggles every reserved node: the simulator's hot spot on a busy cluster).
         """
         state = self.state.copy()
         # earlier reservations keep their whole layouts, busy nodes included, until they end
@@ -628,19 +607,14 @@ class _Cycle:
         pieces = need // size
         node_group = state.topo.node_group[level]
         fit = [r[k] for r in state.count[level]]
-        topo = state.topo
-        node_dom = topo.node_group[topo.domain]
-        # per scope: which groups may host (those outside its domains host nothing, now or later), their pieces
-        allowed: list[list[bool]] = []
-        for within in scopes:
-            if within is not None and level >= topo.domain:
-                allowed.append([node_dom[topo.group_nodes[level][g][0]] in within for g in range(len(fit))])
-            else:
-                allowed.append([True] * len(fit))
-        contrib = [[f // size if ok else 0 for f, ok in zip(fit, al, strict=True)] for al in allowed]
-        hostable = [sum(c) for c in contrib]
-        found: list[tuple[float, Placement] | object | None] = [None] * len(scopes)
-        open_scopes = list(range(len(scopes)))
+        allowed = [True] * len(fit)
+        if within is not None and level >= state.topo.domain:
+            # groups outside the allowed domains host nothing, now or later
+            topo = state.topo
+            node_dom = topo.node_group[topo.domain]
+            allowed = [node_dom[topo.group_nodes[level][g][0]] in within for g in range(len(fit))]
+        contrib = [f // size if ok else 0 for f, ok in zip(fit, allowed, strict=True)]
+        hostable = sum(contrib)
         total = state.count[0][0][k]
         free, full, usable, allocs = state.free, state.full, state.usable, state.allocs
         later_free: dict[int, int] = {}  # free GPUs of nodes whose ends the copy hasn't been told of yet
@@ -651,11 +625,9 @@ class _Cycle:
         while i < len(events):
             t = events[i][0]
             if t == INF:
-                for s in open_scopes:
-                    found[s] = _UNKNOWN  # jobs with no expected end never free their nodes in a forecast
-                return found
+                return _UNKNOWN  # jobs with no expected end never free their nodes in a forecast
             if t >= until:
-                return found  # no fit before `until`: the caller's search stops there
+                return None  # no fit before `until`: the caller's search stops there
             touched: set[int] = set()
             while i < len(events) and events[i][0] == t:
                 _, kind, ref = events[i]
@@ -682,30 +654,21 @@ class _Cycle:
                             fit[g] += 1
                             total += 1
                             touched.add(g)
-            ready = []
-            for s in open_scopes:
-                al, co = allowed[s], contrib[s]
-                for g in touched:
-                    now_units = fit[g] // size if al[g] else 0
-                    hostable[s] += now_units - co[g]
-                    co[g] = now_units
-                if hostable[s] >= pieces and total >= need:
-                    ready.append(s)
-            if not ready:
+            for g in touched:
+                now_units = fit[g] // size if allowed[g] else 0
+                hostable += now_units - contrib[g]
+                contrib[g] = now_units
+            if hostable < pieces or total < need:
                 continue
             state.release_many(ended)
             state.set_usable_many(back, True)
             ended, back, later_free = [], [], {}
             back_set = set()
-            for s in ready:
-                ctx = Context(now=t, job_end=t + runtime, demand=demand, within=scopes[s])
-                placement = self.policy.place(state, req, ctx)
-                if placement is not None:
-                    found[s] = (t, placement)
-                    open_scopes.remove(s)
-            if found[0] is not None or not open_scopes:
-                return found
-        return found
+            ctx = Context(now=t, job_end=t + runtime, demand=demand, within=within)
+            placement = self.policy.place(state, req, ctx)
+            if placement is not None:
+                return t, placement
+        return None
 
     def _borrow(self, req: Request, ctx: Context, end: float) -> bool:
         """Backfill into held nodes of reservations that start after this job is expected to end (with
