@@ -100,8 +100,7 @@ class Picker:
         self.nodes.append(node)
         self.masks.append(mask)
         self.taken_set.add(node)
-        for li, groups in enumerate(self.state.topo.node_group):
-            t = self.taken[li]
+        for t, groups in zip(self.taken, self.state.topo.node_group, strict=True):
             g = groups[node]
             t[g] = t.get(g, 0) + 1
 
