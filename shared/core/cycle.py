@@ -571,56 +571,62 @@ class _Cycle:
         """Replay the forecast (running jobs end, earlier reservations run and end) until the job fits.
 
         `within`: only in these NVLink domains; `until`: give up (None) at this time. Nothing changes: the
-        replay runs on a copy of the state, thrown away after. Copying costs a fraction of what logging every
-        release and node toggle in the statement and undoing them all cost (a forecast replays most running
-        jobs' ends and toggles every reserved node: the simulator's hot spot on a busy cluster).
+        policy looks at a copy of the state, thrown away after.
+
+        A cheap gate decides when the policy must look: the replay follows the ends on its own counts (nodes of
+        the gate's level with k free GPUs, per group and in all) and brings the copy up to date (every level's
+        counts, the jobs per node: the costly part) only when the gate passes. Ends and nodes coming back
+        commute, so the copy the policy sees is the state a step-by-step replay would have reached; a replay
+        whose gate never passes copies nothing. (A forecast replays most running jobs' ends and takes every
+        reserved node out of play: the simulator's hot spot on a busy cluster.)
         """
-        state = self.state.copy()
+        live = self.state
         # earlier reservations keep their whole layouts, busy nodes included, until they end
         cover: dict[int, int] = {}
         for h in self.holds:
             for node in h.nodes:
                 cover[node] = cover.get(node, 0) + 1
-        # their holds go too: the layouts come back whole (free and busy nodes alike) when they end
-        for h in self.holds:
-            if HOLD_PREFIX + h.job_id in state.allocs:
-                state.release(HOLD_PREFIX + h.job_id)
-        disabled = {n for n in cover if state.usable[n]}
-        state.set_usable_many(disabled, False)
+        free, full, up, allocs = live.free, live.full, live.usable, live.allocs
+        out = {n for n in cover if up[n]}  # reserved nodes out of play until their last reservation ends
         # borrowers give their nodes back to whichever reserved job fits without them: they end now
         mine = self.sched.lent
         events: list[tuple[float, int, str]] = [
             (self.now if a.job_id in mine else max(a.expected_end, self.now), 0, a.job_id)
-            for a in state.allocs.values()
+            for a in allocs.values()
             if not a.hold
         ]
         events += [(h.end, 1, str(i)) for i, h in enumerate(self.holds)]
         events.sort()
         need, k = req.nodes, req.k
-        # cheap gate before asking the policy: one-layer layouts need `pieces` hostable runs. The gate follows
-        # the ends on its own counts (nodes of the gate's level with k free GPUs per group, and in all); the
-        # copy is told of them (the costly part: every level's counts, the jobs per node) only when the gate
-        # passes and the policy must look. Ends and nodes coming back commute, so the state it looks at is the
-        # one a step-by-step replay would have reached
-        layers = self.policy.layers(state, req)
+        # cheap gate before asking the policy: one-layer layouts need `pieces` hostable runs
+        layers = self.policy.layers(live, req)
         level, size = layers[0] if len(layers) == 1 else (0, need)
         pieces = need // size
-        node_group = state.topo.node_group[level]
-        fit = [r[k] for r in state.count[level]]
+        node_group = live.topo.node_group[level]
+        fit = [r[k] for r in live.count[level]]
+        total = live.count[0][0][k]
+        for node in out:
+            if live.nfree[node] >= k:
+                fit[node_group[node]] -= 1
+                total -= 1
         allowed = [True] * len(fit)
-        if within is not None and level >= state.topo.domain:
+        if within is not None and level >= live.topo.domain:
             # groups outside the allowed domains host nothing, now or later
-            topo = state.topo
+            topo = live.topo
             node_dom = topo.node_group[topo.domain]
             allowed = [node_dom[topo.group_nodes[level][g][0]] in within for g in range(len(fit))]
         contrib = [f // size if ok else 0 for f, ok in zip(fit, allowed, strict=True)]
         hostable = sum(contrib)
-        total = state.count[0][0][k]
-        free, full, usable, allocs = state.free, state.full, state.usable, state.allocs
-        later_free: dict[int, int] = {}  # free GPUs of nodes whose ends the copy hasn't been told of yet
-        ended: list[str] = []  # ends not applied to the copy yet
-        back: list[int] = []  # nodes back in play, not applied to the copy yet
-        back_set: set[int] = set()
+        # the holds go too (their layouts come back whole, free and busy nodes alike, when they end): like
+        # ends, told to the copy when it is made
+        ended = [HOLD_PREFIX + h.job_id for h in self.holds if HOLD_PREFIX + h.job_id in allocs]
+        later_free: dict[int, int] = {}  # free GPUs after the ends so far, of the nodes they touched
+        for job_id in ended:
+            a = allocs[job_id]
+            for node, mask in zip(a.nodes, a.masks, strict=True):
+                later_free[node] = later_free.get(node, free[node]) | (mask & full[node])
+        state: ClusterState | None = None  # the copy, made when the policy first looks
+        back: list[int] = []  # nodes the copy has out of play that are back, not told to it yet
         i = 0
         while i < len(events):
             t = events[i][0]
@@ -638,7 +644,7 @@ class _Cycle:
                     for node, mask in zip(a.nodes, a.masks, strict=True):
                         before = later_free.get(node, free[node])
                         later_free[node] = after = before | (mask & full[node])
-                        if (usable[node] or node in back_set) and before.bit_count() < k <= after.bit_count():
+                        if up[node] and node not in out and before.bit_count() < k <= after.bit_count():
                             g = node_group[node]
                             fit[g] += 1
                             total += 1
@@ -646,9 +652,10 @@ class _Cycle:
                     continue
                 for node in self.holds[int(ref)].nodes:
                     cover[node] -= 1
-                    if not cover[node] and node in disabled:
-                        back.append(node)
-                        back_set.add(node)
+                    if not cover[node] and node in out:
+                        out.discard(node)
+                        if state is not None:
+                            back.append(node)
                         if later_free.get(node, free[node]).bit_count() >= k:
                             g = node_group[node]
                             fit[g] += 1
@@ -660,10 +667,13 @@ class _Cycle:
                 contrib[g] = now_units
             if hostable < pieces or total < need:
                 continue
+            if state is None:
+                state = live.copy()
+                state.set_usable_many(out, False)
+            else:
+                state.set_usable_many(back, True)
             state.release_many(ended)
-            state.set_usable_many(back, True)
-            ended, back, later_free = [], [], {}
-            back_set = set()
+            ended, back = [], []  # `later_free` stays: it is the live state's free GPUs after every end so far
             ctx = Context(now=t, job_end=t + runtime, demand=demand, within=within)
             placement = self.policy.place(state, req, ctx)
             if placement is not None:
