@@ -59,6 +59,7 @@ from shared.core.reasons import duration, explain
 from shared.core.shape import JobSpec, Request, ShapeError, request
 from shared.core.state import INF, Allocation, ClusterState
 from shared.core.statement import Statement
+from shared.core.timeline import Timeline
 from shared.core.topology import Topology
 
 HOLD_PREFIX = "resv:"
@@ -198,6 +199,8 @@ class Scheduler:
         self.forecasts: dict[str, _Forecast] = {}  # the last cycle's reservations (`reuse_forecasts`)
         # job id -> (spec, topology, its request or why it has none), for the last cycle's jobs
         self.requests: dict[str, tuple[JobSpec, Topology, Request | ShapeError]] = {}
+        # the running jobs' ends played forward, kept between forecasts and cycles (`_Cycle._earliest_start`)
+        self.timeline = Timeline()
 
     def cycle(
         self,
@@ -617,16 +620,13 @@ class _Cycle:
             allowed = [node_dom[topo.group_nodes[level][g][0]] in within for g in range(len(fit))]
         contrib = [f // size if ok else 0 for f, ok in zip(fit, allowed, strict=True)]
         hostable = sum(contrib)
-        # the holds go too (their layouts come back whole, free and busy nodes alike, when they end): like
-        # ends, told to the copy when it is made
-        ended = [HOLD_PREFIX + h.job_id for h in self.holds if HOLD_PREFIX + h.job_id in allocs]
+        # the holds' layouts come back whole, free and busy nodes alike, when they end
         later_free: dict[int, int] = {}  # free GPUs after the ends so far, of the nodes they touched
-        for job_id in ended:
-            a = allocs[job_id]
-            for node, mask in zip(a.nodes, a.masks, strict=True):
-                later_free[node] = later_free.get(node, free[node]) | (mask & full[node])
-        state: ClusterState | None = None  # the copy, made when the policy first looks
-        back: list[int] = []  # nodes the copy has out of play that are back, not told to it yet
+        for h in self.holds:
+            a = allocs.get(HOLD_PREFIX + h.job_id)
+            if a is not None:
+                for node, mask in zip(a.nodes, a.masks, strict=True):
+                    later_free[node] = later_free.get(node, free[node]) | (mask & full[node])
         i = 0
         while i < len(events):
             t = events[i][0]
@@ -640,7 +640,6 @@ class _Cycle:
                 i += 1
                 if kind == 0:
                     a = allocs[ref]
-                    ended.append(ref)
                     for node, mask in zip(a.nodes, a.masks, strict=True):
                         before = later_free.get(node, free[node])
                         later_free[node] = after = before | (mask & full[node])
@@ -654,8 +653,6 @@ class _Cycle:
                     cover[node] -= 1
                     if not cover[node] and node in out:
                         out.discard(node)
-                        if state is not None:
-                            back.append(node)
                         if later_free.get(node, free[node]).bit_count() >= k:
                             g = node_group[node]
                             fit[g] += 1
@@ -667,18 +664,29 @@ class _Cycle:
                 contrib[g] = now_units
             if hostable < pieces or total < need:
                 continue
-            if state is None:
-                state = live.copy()
-                state.set_usable_many(out, False)
-            else:
-                state.set_usable_many(back, True)
-            state.release_many(ended)
-            ended, back = [], []  # `later_free` stays: it is the live state's free GPUs after every end so far
-            ctx = Context(now=t, job_end=t + runtime, demand=demand, within=within)
-            placement = self.policy.place(state, req, ctx)
+            placement = self._place_at(req, t, runtime, demand, within, out)
             if placement is not None:
                 return t, placement
         return None
+
+    def _place_at(
+        self,
+        req: Request,
+        t: float,
+        runtime: float,
+        demand: frozenset[int],
+        within: frozenset[int] | None,
+        out: set[int],
+    ) -> Placement | None:
+        """The policy's placement at `t` of a forecast: every running job expected to end by then gone, the
+        nodes of the reservations still ahead out of play. The timeline's state at `t` is shared with other
+        forecasts: the nodes go out of play only while the policy looks."""
+        state = self.sched.timeline.at(self.state, self.sched.lent, self.now, t)
+        state.set_usable_many(out, False)
+        try:
+            return self.policy.place(state, req, Context(now=t, job_end=t + runtime, demand=demand, within=within))
+        finally:
+            state.set_usable_many(out, True)
 
     def _borrow(self, req: Request, ctx: Context, end: float) -> bool:
         """Backfill into held nodes of reservations that start after this job is expected to end (with
