@@ -680,13 +680,9 @@ class _Cycle:
     ) -> Placement | None:
         """The policy's placement at `t` of a forecast: every running job expected to end by then gone, the
         nodes of the reservations still ahead out of play. The timeline's state at `t` is shared with other
-        forecasts: the nodes go out of play only while the policy looks."""
-        state = self.sched.timeline.at(self.state, self.sched.lent, self.now, t)
-        state.set_usable_many(out, False)
-        try:
-            return self.policy.place(state, req, Context(now=t, job_end=t + runtime, demand=demand, within=within))
-        finally:
-            state.set_usable_many(out, True)
+        forecasts and cycles: the nodes go out of play only while the policy looks (`Timeline.place`)."""
+        ctx = Context(now=t, job_end=t + runtime, demand=demand, within=within)
+        return self.sched.timeline.place(self.policy, req, ctx, out, self.state, self.sched.lent, self.now)
 
     def _borrow(self, req: Request, ctx: Context, end: float) -> bool:
         """Backfill into held nodes of reservations that start after this job is expected to end (with

@@ -23,6 +23,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Container
 
+from shared.core.policies import Context, Placement, Policy
+from shared.core.shape import Request
 from shared.core.state import INF, Allocation, ClusterState
 
 MAX_SNAPSHOTS = 16  # each costs a copy of the state's tables and an update per live change
@@ -40,14 +42,48 @@ class Timeline:
         self.seen: dict[str, tuple[Allocation, float]] = {}
         self.times: list[float] = []  # the snapshots' times, ascending
         self.snaps: list[ClusterState] = []  # aligned with times
+        # per snapshot, the policy's answers on it: (request id, the context's fields, nodes out of play) ->
+        # (request, answer); forgotten when the snapshot changes. A reserved job is forecast again every cycle,
+        # mostly to the same time with nothing it reads changed
+        self.memos: list[dict[tuple[object, ...], tuple[Request, Placement | None]]] = []
+
+    def place(
+        self,
+        policy: Policy,
+        req: Request,
+        ctx: Context,
+        out: set[int],
+        live: ClusterState,
+        lent: Container[str],
+        now: float,
+    ) -> Placement | None:
+        """The policy's placement on the state at `ctx.now` (see `at`) with the `out` nodes out of play."""
+        i = self._index(live, lent, now, ctx.now)
+        snap, memo = self.snaps[i], self.memos[i]
+        gone = frozenset(out)
+        key = (id(req), ctx.job_end, ctx.demand, ctx.within, gone)  # ctx.now: the snapshot's time
+        got = memo.get(key)
+        if got is not None and got[0] is req:
+            return got[1]
+        snap.set_usable_many(gone, False)
+        try:
+            placement = policy.place(snap, req, ctx)
+        finally:
+            snap.set_usable_many(gone, True)
+        memo[key] = (req, placement)
+        return placement
 
     def at(self, live: ClusterState, lent: Container[str], now: float, t: float) -> ClusterState:
         """The state at `t` (>= now): live less its holds and the running jobs that end by `t`. The caller may
         change the nodes' usability to look, but must restore it before the next call."""
+        return self.snaps[self._index(live, lent, now, t)]
+
+    def _index(self, live: ClusterState, lent: Container[str], now: float, t: float) -> int:
+        """The position of the snapshot at `t`, made if there is none."""
         self._sync(live, lent, now)
         i = bisect.bisect_right(self.times, t)
         if i and self.times[i - 1] == t:
-            return self.snaps[i - 1]
+            return i - 1
         if i:
             since, snap = self.times[i - 1], self.snaps[i - 1].copy()
             snap.release_many([j for j, (_, end) in self.seen.items() if since < end <= t])
@@ -56,9 +92,12 @@ class Timeline:
             snap.release_many([j for j, (_, end) in self.seen.items() if end <= t])
         self.times.insert(i, t)
         self.snaps.insert(i, snap)
-        if len(self.snaps) > MAX_SNAPSHOTS:  # the latest are the likeliest to serve the next forecasts
-            del self.times[0], self.snaps[0]
-        return snap
+        self.memos.insert(i, {})
+        if len(self.snaps) > MAX_SNAPSHOTS:  # the earliest other than this one goes
+            drop = 1 if i == 0 else 0
+            del self.times[drop], self.snaps[drop], self.memos[drop]
+            i -= drop == 0
+        return i
 
     def _base(self, live: ClusterState) -> ClusterState:
         """Live less its reservation holds (a forecast counts their layouts out of play by itself)."""
@@ -70,7 +109,7 @@ class Timeline:
         """Bring every snapshot up to the live state's running jobs; drop those before `now`."""
         if live is not self.live or live.topo is not self.topo or live.usable != self.usable or live.full != self.full:
             self.live, self.topo, self.usable, self.full = live, live.topo, live.usable[:], live.full[:]
-            self.seen, self.times, self.snaps = {}, [], []
+            self.seen, self.times, self.snaps, self.memos = {}, [], [], []
         cur = {j: (a, -INF if j in lent else a.expected_end) for j, a in live.allocs.items() if not a.hold}
         seen = self.seen
         gone = [(j, end) for j, (a, end) in seen.items() if (c := cur.get(j)) is None or c[0] is not a or c[1] != end]
@@ -78,11 +117,14 @@ class Timeline:
         self.seen = cur
         keep = bisect.bisect_left(self.times, now)
         if keep:
-            del self.times[:keep], self.snaps[:keep]
+            del self.times[:keep], self.snaps[:keep], self.memos[:keep]
         if not gone and not new:
             return
-        for t, snap in zip(self.times, self.snaps, strict=True):
-            snap.release_many([j for j, end in gone if end > t])  # still there: not yet ended at t
-            for a, end in new:
-                if end > t:
-                    snap.allocate(a)
+        for t, snap, memo in zip(self.times, self.snaps, self.memos, strict=True):
+            ended = [j for j, end in gone if end > t]  # still there: not yet ended at t
+            started = [a for a, end in new if end > t]
+            if ended or started:
+                memo.clear()
+            snap.release_many(ended)
+            for a in started:
+                snap.allocate(a)
