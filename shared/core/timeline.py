@@ -76,7 +76,8 @@ class Timeline:
     def at(self, live: ClusterState, lent: Container[str], now: float, t: float) -> ClusterState:
         """The state at `t` (>= now): live less its holds and the running jobs that end by `t`. The caller may
         change the nodes' usability to look, but must restore it before the next call."""
-        return self.snaps[self._index(live, lent, now, t)]
+        i = self._index(live, lent, now, t)  # first: it may start the lists over
+        return self.snaps[i]
 
     def _index(self, live: ClusterState, lent: Container[str], now: float, t: float) -> int:
         """The position of the snapshot at `t`, made if there is none."""
