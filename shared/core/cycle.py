@@ -574,14 +574,15 @@ class _Cycle:
         """Replay the forecast (running jobs end, earlier reservations run and end) until the job fits.
 
         `within`: only in these NVLink domains; `until`: give up (None) at this time. Nothing changes: the
-        policy looks at a copy of the state, thrown away after.
+        policy looks at the scheduler's timeline (shared/core/timeline.py), a snapshot of the state with the
+        running jobs ended by then gone.
 
         A cheap gate decides when the policy must look: the replay follows the ends on its own counts (nodes of
-        the gate's level with k free GPUs, per group and in all) and brings the copy up to date (every level's
-        counts, the jobs per node: the costly part) only when the gate passes. Ends and nodes coming back
-        commute, so the copy the policy sees is the state a step-by-step replay would have reached; a replay
-        whose gate never passes copies nothing. (A forecast replays most running jobs' ends and takes every
-        reserved node out of play: the simulator's hot spot on a busy cluster.)
+        the gate's level with k free GPUs, per group and in all) and asks the timeline for its state only when
+        the gate passes. Ends and nodes coming back commute, so the state the policy sees is the one a
+        step-by-step replay would have reached. The timeline keeps its snapshots between forecasts and cycles
+        (each forecast replayed most running jobs' ends again: the simulator's hot spot on a busy cluster),
+        releasing only the jobs that end between its nearest earlier snapshot and the time asked.
         """
         live = self.state
         # earlier reservations keep their whole layouts, busy nodes included, until they end
