@@ -428,7 +428,7 @@ class MigrationService(Service):
         now: float,
     ) -> None:
         s = self.deps.settings
-        pending = [j for j in jobs.values() if j.state is JobState.PENDING and j.inflight_since is None]
+        pending = _waiting(jobs)
         in_flight = len(self.active())
         if not pending or in_flight >= s.max_migrations:
             return
@@ -436,16 +436,9 @@ class MigrationService(Service):
             # one plan at a time: the state still shows the moving jobs on their old GPUs, so planning now
             # would free room the moves under way are about to free anyway (a staged plan goes on next round)
             return
-        state = ClusterState(topo, health)
-        held = occupy_held(state, allocations, jobs, now)
-        for j in jobs.values():  # orders on their way hold their GPUs, as in the queue's cycle
-            young = j.inflight_since is not None and now - j.inflight_since < INFLIGHT_S
-            if j.state is JobState.PENDING and young and j.id not in held:
-                occupy(state, j.id, j.allocation, j, now, preemptible=False)
+        state = _held_state(topo, health, allocations, jobs, now)
         budget = self._budget(now)
-        order: list[JobSpec] = [
-            record_spec(j) for j in sorted(pending, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
-        ]
+        order: list[JobSpec] = [record_spec(j) for j in pending]
         promised = await self._promised(topo, {j.id for j in pending})
         plan = plan_defrag(state, order, self._movable(jobs, busy), self.policy, budget, now, promised=promised)
         if plan is None:
@@ -473,17 +466,9 @@ class MigrationService(Service):
         cycle is about to place it (the room is its)."""
         if self.active():
             return
-        state = ClusterState(topo, health)
-        held = occupy_held(state, allocations, jobs, now)
-        for j in jobs.values():  # orders on their way hold their GPUs, as in the queue's cycle
-            young = j.inflight_since is not None and now - j.inflight_since < INFLIGHT_S
-            if j.state is JobState.PENDING and young and j.id not in held:
-                occupy(state, j.id, j.allocation, j, now, preemptible=False)
+        state = _held_state(topo, health, allocations, jobs, now)
         budget = self._budget(now)
-        waiting = sorted(
-            (j for j in jobs.values() if j.state is JobState.PENDING and j.inflight_since is None),
-            key=lambda j: (-j.spec.priority, j.submitted_at, j.id),
-        )
+        waiting = _waiting(jobs)
         for j in waiting[: budget.max_candidates]:
             try:
                 req = request(record_spec(j), topo)
@@ -603,6 +588,25 @@ class MigrationService(Service):
         where = ", ".join(f"{ng.node}:{','.join(map(str, ng.gpus))}" for ng in target) or "requeue"
         log.info("move %s: job %s attempt %d → %s (%s)", rec.id, job.id, job.attempt, where, why)
         return rec
+
+
+def _held_state(
+    topo: Any, health: Health, allocations: list[Any], jobs: Mapping[str, JobRecord], now: float
+) -> ClusterState:
+    """The GPUs held now as the queue's cycle sees them: placement's allocations, and orders on their way."""
+    state = ClusterState(topo, health)
+    held = occupy_held(state, allocations, jobs, now)
+    for j in jobs.values():
+        young = j.inflight_since is not None and now - j.inflight_since < INFLIGHT_S
+        if j.state is JobState.PENDING and young and j.id not in held:
+            occupy(state, j.id, j.allocation, j, now, preemptible=False)
+    return state
+
+
+def _waiting(jobs: Mapping[str, JobRecord]) -> list[JobRecord]:
+    """The undecided jobs, in the order the planners try them: priority, then submit time, then id."""
+    pending = (j for j in jobs.values() if j.state is JobState.PENDING and j.inflight_since is None)
+    return sorted(pending, key=lambda j: (-j.spec.priority, j.submitted_at, j.id))
 
 
 def _preferred(job: JobRecord) -> int | None:

@@ -17,12 +17,11 @@ the largest net gain first, ties by job id.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 from shared.core.comm import SlowdownModel
-from shared.core.migration import OVERDUE_SHARE, MigrationBudget, Movable, Move
+from shared.core.migration import MigrationBudget, Movable, Move, expected_end, unreserved_domains
 from shared.core.policies import Context, Placement, Policy
-from shared.core.shape import ShapeError, request
+from shared.core.shape import ShapeError, request, with_segment
 from shared.core.state import ClusterState
 from shared.core.statement import Statement
 
@@ -41,8 +40,7 @@ def plan_consolidation(
         return None
     topo = state.topo
     dom = topo.node_group[topo.domain]
-    reserved = frozenset().union(*promised.values()) if promised else frozenset()
-    within = frozenset(range(len(topo.group_nodes[topo.domain]))) - reserved if reserved else None
+    within = unreserved_domains(topo, promised)
     best: tuple[float, str, Placement, int, float] | None = None
     for job_id in sorted(movable):
         mv = movable[job_id]
@@ -52,8 +50,7 @@ def plan_consolidation(
         factor = model.factor(0.0, model.cross_share([dom[n] for n in alloc.nodes], mv.preferred))
         if factor <= 1.0:
             continue  # its preferred units are whole already (its segments landed together)
-        end = alloc.expected_end if alloc.expected_end > now else now + OVERDUE_SHARE * max(now - alloc.start, 0.0)
-        remaining = end - now
+        remaining = expected_end(alloc, now) - now
         gain = alloc.gpus * remaining * (1.0 - 1.0 / factor)
         cost = mv.cost_gpu_s(alloc.gpus)
         if gain <= budget.min_gain_ratio * cost or cost > budget.gpu_s_left:
@@ -61,7 +58,7 @@ def plan_consolidation(
         if best is not None and gain - cost <= best[0]:
             continue
         try:
-            req = request(replace(mv.spec, segment=mv.preferred, fallback_segments=()), topo)
+            req = request(with_segment(mv.spec, mv.preferred), topo)
         except ShapeError:
             continue
         stmt = Statement(state)

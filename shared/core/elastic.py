@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shared.core.migration import OVERDUE_SHARE, MigrationBudget, Movable, Move
+from shared.core.migration import MigrationBudget, Movable, Move, expected_end, unreserved_domains
 from shared.core.policies import Context, Placement, Policy
 from shared.core.shape import ShapeError, request, with_size
 from shared.core.state import ClusterState
@@ -35,8 +35,7 @@ def plan_growth(
     if budget.moves_left < 1:
         return None
     topo = state.topo
-    reserved = frozenset().union(*promised.values()) if promised else frozenset()
-    within = frozenset(range(len(topo.group_nodes[topo.domain]))) - reserved if reserved else None
+    within = unreserved_domains(topo, promised)
     best: tuple[float, str, Placement, float, float] | None = None
     for job_id in sorted(movable):
         mv = movable[job_id]
@@ -47,8 +46,7 @@ def plan_growth(
         per_node = alloc.gpus // len(alloc.nodes)
         unit = spec.segment or 1
         n = len(alloc.nodes)
-        end = alloc.expected_end if alloc.expected_end > now else now + OVERDUE_SHARE * max(now - alloc.start, 0.0)
-        remaining = end - now
+        remaining = expected_end(alloc, now) - now
         stmt = Statement(state)
         cp = stmt.checkpoint()
         stmt.release(job_id)

@@ -376,7 +376,7 @@ def _waits(state: ClusterState, req: Request, now: float, ends: dict[int, float]
                 continue
             end = ends.get(n)
             if end is None:
-                end = ends[n] = max((_expected_end(state.allocs[j], now) for j in state.node_jobs[n]), default=now)
+                end = ends[n] = max((expected_end(state.allocs[j], now) for j in state.node_jobs[n]), default=now)
             free_at.append(end)
         free_at.sort()
         every += free_at
@@ -392,7 +392,13 @@ def _waits(state: ClusterState, req: Request, now: float, ends: dict[int, float]
 OVERDUE_SHARE = 0.25  # a job past its expected end is guessed to need this share of its elapsed time more
 
 
-def _expected_end(alloc: Allocation, now: float) -> float:
+def unreserved_domains(topo: Topology, promised: Mapping[str, frozenset[int]] | None) -> frozenset[int] | None:
+    """The NVLink domains no reservation holds (`Context.within` for a move's target); None: every domain."""
+    reserved = frozenset().union(*promised.values()) if promised else frozenset()
+    return frozenset(range(len(topo.group_nodes[topo.domain]))) - reserved if reserved else None
+
+
+def expected_end(alloc: Allocation, now: float) -> float:
     """The allocation's expected end; for a job already past it (estimates run short), a guess further on."""
     if alloc.expected_end > now:
         return alloc.expected_end

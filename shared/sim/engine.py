@@ -699,19 +699,19 @@ class Simulator:
         self.mig.move_times.append(t)
         self.moving.append((t + pause, mv.job_id))
 
+    def _move_budget(self, t: float) -> MigrationBudget:
+        """The budget now: moves still pausing their jobs are in flight, and the last hour's moving is spent."""
+        self.moving = [(e, j) for e, j in self.moving if e > t]
+        self.move_spend = [(s, c) for s, c in self.move_spend if s > t - 3600.0]
+        spent = sum(c for _, c in self.move_spend)
+        return replace(self.cfg.migration_budget, in_flight=len(self.moving), spent_gpu_s=spent)
+
     def _defrag(self, order: list[str], t: float) -> bool:
         """Ask the planner for moves that let a blocked job start; apply them. True when something moved."""
         mig, cfg = self.mig, self.cfg
         assert mig is not None
         self.next_defrag = t + cfg.migration_interval_s
-        self.moving = [(e, j) for e, j in self.moving if e > t]
-        hour = t - 3600.0
-        self.move_spend = [(s, c) for s, c in self.move_spend if s > hour]
-        budget = replace(
-            cfg.migration_budget,
-            in_flight=len(self.moving),
-            spent_gpu_s=sum(c for _, c in self.move_spend),
-        )
+        budget = self._move_budget(t)
         if budget.moves_left < 1:
             return False
         busy = {j for _, j in self.moving}
@@ -761,11 +761,7 @@ class Simulator:
         mig, cfg = self.mig, self.cfg
         assert mig is not None
         self.next_consolidate = t + cfg.migration_interval_s
-        self.moving = [(e, j) for e, j in self.moving if e > t]
-        self.move_spend = [(s, c) for s, c in self.move_spend if s > t - 3600.0]
-        budget = replace(
-            cfg.migration_budget, in_flight=len(self.moving), spent_gpu_s=sum(c for _, c in self.move_spend)
-        )
+        budget = self._move_budget(t)
         busy = {j for _, j in self.moving}
         policy, promised = self.sched.policy, self.sched.promised
         movable = {j: self.movable[j] for j in sorted(self.smaller) if j not in busy}
