@@ -320,6 +320,18 @@ def checkpointed(rec: JobRecord, ev: RankExited, now: float) -> JobRecord | None
     return r
 
 
+def restoring_from(rec: JobRecord, attempt: int) -> bool:
+    """The record is where the last checkpoint ack of a move of `attempt` left it: the next attempt's pinned
+    order in flight, restoring from that attempt's checkpoint (not committed yet, as far as the queue knows)."""
+    return (
+        rec.state is JobState.PENDING
+        and rec.attempt == attempt + 1
+        and rec.floor == attempt
+        and rec.inflight_since is not None
+        and rec.checkpoint == f"{rec.id}:{attempt}"
+    )
+
+
 def move_aborted(rec: JobRecord, m: MoveAbort, now: float) -> JobRecord | None:
     """A move whose checkpoint never completed: requeued from the last complete checkpoint."""
     if rec.state is not JobState.MIGRATING or rec.move is None or rec.move.migration_id != m.migration_id:

@@ -738,7 +738,12 @@ class QueueService(Service):
         now = self.now()
 
         rec, changed = await self._update(ev.job_id, lambda r: lifecycle.checkpointed(r, ev, now))
-        if rec is None or not changed or rec.state is JobState.MIGRATING:
+        if rec is None or (changed and rec.state is JobState.MIGRATING):
+            return
+        # a redelivered ack finds the record past the move: the handling that wrote it may have died before the
+        # release and the restore order went out (the job would wait for ever, its old GPUs held), so they go
+        # out again (msg ids dedupe the repeat; the release frees only the checkpointed attempt's GPUs)
+        if not changed and not lifecycle.restoring_from(rec, ev.attempt):
             return
         await self.emit(rec)
         if rec.state is not JobState.PENDING or rec.inflight_since is None:  # requeued or failed: free the GPUs
@@ -753,7 +758,9 @@ class QueueService(Service):
         # release first: placement handles orders in order, so the pinned commit finds the GPUs free
         await self.bus.publish(
             self.names.orders,
-            ReleaseOrder(job_id=rec.id, reason="migrating: checkpoint written", cause=lifecycle.MOVED),
+            ReleaseOrder(
+                job_id=rec.id, reason="migrating: checkpoint written", only_attempt=ev.attempt, cause=lifecycle.MOVED
+            ),
             msg_id=f"{rec.id}:{ev.attempt}:release:migrate",
             headers=_trace(rec),
         )

@@ -18,6 +18,7 @@ import pytest_asyncio
 
 from services.placement.service import PlacementService
 from services.queue.service import QueueService
+from shared import lifecycle
 from shared.bus import Retry
 from shared.names import Names
 from shared.runtime import Deps
@@ -30,7 +31,9 @@ from shared.schemas import (
     JobEvent,
     JobRecord,
     JobState,
+    MoveTicket,
     NodeGpus,
+    PlaceOrder,
     RankExited,
     RankStarted,
     ReleaseOrder,
@@ -215,3 +218,33 @@ async def test_kicks_that_keep_coming_dont_put_the_full_cycle_off(queue: QueueSe
         queue.stop_event.set()
         queue.kick.set()
         await loop
+
+
+@pytest.mark.parametrize("redelivered", [True, False])
+async def test_a_redelivered_last_checkpoint_ack_sends_the_moves_release_and_restore_again(
+    queue: QueueService, redelivered: bool
+) -> None:
+    # A move's last checkpoint ack: the queue writes the next attempt (pending, its pinned order in flight), then
+    # sends the release of the old GPUs and the restore order. A queue killed between the write and the sends
+    # leaves the ack unacked: its redelivery must send them again, or the job waits for ever (the old GPUs held,
+    # so no cycle decides it again). A plain redelivery after the sends re-sends them under the same msg ids.
+    old, target = [NodeGpus("n0", [0])], [NodeGpus("n1", [0])]
+    assert (await queue.store.commit(AllocationRecord(job_id="j", attempt=1, nodes=old, committed_at=NOW))).ok
+    move = MoveTicket(migration_id="resize-j-1", target=target, reason="shrunk", since=NOW)
+    body = JobBody(name="j", tenant="t", gpus=1, gpus_per_node=1, checkpointable=True)
+    migrating = JobRecord(
+        id="j", spec=body, state=JobState.MIGRATING, attempt=1, allocation=old, started_ranks=[0], move=move
+    )
+    await queue.store.put_job(migrating, new=True)
+    ack = RankExited(job_id="j", attempt=1, node="n0", rank=0, exit_code=0, at=NOW, checkpointed=True)
+    if redelivered:
+        written = lifecycle.checkpointed(migrating, ack, NOW)  # what the killed queue wrote before it died
+        assert written is not None
+        await queue.store.put_job(written)
+    orders = await queue.bus.nc.subscribe(queue.names.orders)
+    await queue.on_exited(ack)
+    got = [ORDERS.decode((await orders.next_msg(timeout=2)).data) for _ in range(2)]
+    assert isinstance(got[0], ReleaseOrder) and got[0].only_attempt == 1, got
+    assert isinstance(got[1], PlaceOrder) and (got[1].attempt, got[1].nodes, got[1].restore) == (2, target, "j:1")
+    rec = await queue.store.get_job("j")
+    assert rec is not None and (rec.state, rec.attempt, rec.allocation) == (JobState.PENDING, 2, target)
