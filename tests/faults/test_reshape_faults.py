@@ -28,6 +28,7 @@ import os
 import random
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -139,22 +140,39 @@ async def job_events_of(e2e: E2E, job: str) -> list[JobEvent]:
     return [ev for ev in await e2e.job_events() if ev.job_id == job]
 
 
-async def wait_move_in_flight(e2e: E2E, job: str, attempt: int, timeout: float = 60.0) -> dict[str, Any]:
+async def wait_move_in_flight(e2e: E2E, job: str, attempt: int, timeout: float = 60.0) -> tuple[float, float]:
     """Until `job`'s move away from `attempt` is under way: checkpointing (migrating), or its next attempt on
-    its way to the new GPUs (pending or placed, not running yet)."""
+    its way to the new GPUs (pending or placed, not running yet). When the read that saw it began and ended."""
 
-    async def probe() -> dict[str, Any] | None:
+    async def probe() -> tuple[float, float] | None:
+        start = time.time()
         v = await e2e.maybe_job(job)
         if v is None:
             return None
         moving = v["attempt"] == attempt and v["state"] == "migrating"
         restoring = v["attempt"] == attempt + 1 and v["state"] in ("pending", "placed")
-        return v if moving or restoring else None
+        return (start, time.time()) if moving or restoring else None
 
     # polled often: the checkpoint of E's few real processes is over in a fraction of a second
-    return await streams.wait_until(
-        probe, f"a move of job {job} away from attempt {attempt} in flight", timeout, poll_s=0.02
-    )
+    what = f"a move of job {job} away from attempt {attempt} in flight"
+    return await streams.wait_until(probe, what, timeout, poll_s=0.02)
+
+
+async def queue_drained(e2e: E2E, timeout: float = 60.0) -> None:
+    """Until the queue handled every message of its consumers, redeliveries included: a queue killed after a
+    write and before its event went out (the view a step ahead of the log) sends the event on the redelivery,
+    one ack wait after the kill. Only then are the view and the log the same to the checker."""
+    js, n = e2e.nc.jetstream(), e2e.names
+    subjects = {"submit": n.job_submit, "cancel": n.job_cancel, "move": n.job_move, "inbox": n.job_inbox}
+
+    async def drained() -> bool:
+        for what, subject in subjects.items():
+            info = await js.consumer_info(n.stream_for(subject), n.consumer("queue", what))
+            if info.num_pending or info.num_ack_pending:
+                return False
+        return True
+
+    await streams.wait_until(drained, "the queue to handle every message (redeliveries included)", timeout)
 
 
 @pytest.mark.parametrize(("victim", "during"), CASES, ids=[f"{v}-{d}" for v, d in CASES])
@@ -174,9 +192,12 @@ async def test_sigkill_mid_resize_under_a_burst_loses_nothing_and_books_no_gpu_t
     rec = Recorder(e2e.http, lambda: e2e.url)
     done = tmp_path / "elastic-done"
 
+    # the attempt E's move was moving away from when the victim was frozen, and when the read that saw it ran
+    killed_from: list[tuple[int, float, float]] = []
+
     async def kill_mid_move(attempt: int) -> None:
         """Freeze the victim as E's move away from `attempt` is in flight, kill it, start it again."""
-        await wait_move_in_flight(e2e, elastic, attempt)
+        killed_from.append((attempt, *await wait_move_in_flight(e2e, elastic, attempt)))
         async with rec.fault(f"sigkill {victim} mid-{during}"):
             before = started_count(e2e.log_dir, victim)
             os.kill(stack.processes[victim].pid, signal.SIGSTOP)
@@ -228,6 +249,7 @@ async def test_sigkill_mid_resize_under_a_burst_loses_nothing_and_books_no_gpu_t
 
     jobs = await e2e.wait_terminal(accepted, timeout=90)
     await settled(e2e)
+    await queue_drained(e2e)
     history = await rec.history(e2e.nc, e2e.names)
     assert_sound(history)
 
@@ -250,6 +272,13 @@ async def test_sigkill_mid_resize_under_a_burst_loses_nothing_and_books_no_gpu_t
             sizes[c.attempt] += len(c.gpus)
     assert sizes[1] == 16 and sizes[grown["attempt"]] == MOST, sizes
     assert sizes[shrunk["attempt"]] == gpus_of(shrunk["allocation"]) < MOST, sizes
+    # the victim was frozen mid-move: the read just before saw E's checkpoint begun (the record's times, taken
+    # before its writes) and its next attempt not running yet
+    ((moved, seen_from, seen_to),) = killed_from
+    mine = [le.event for le in history.job_events if le.event.job_id == elastic]
+    began = min(ev.at for ev in mine if ev.attempt == moved and ev.state is JobState.MIGRATING)
+    ran = min(ev.at for ev in mine if ev.attempt == moved + 1 and ev.state is JobState.RUNNING)
+    assert began <= seen_to and ran >= seen_from, (began, seen_from, seen_to, ran)
     # within its bounds in every allocation interval
     assert not size_violations(history, elastic, LEAST, MOST)
     # and these checks are not blind on this history
