@@ -66,6 +66,7 @@ from shared.topology_view import TopologyView
 
 log = logging.getLogger("rackscale.queue")
 
+RESIZE_PREFIX = "resize-"  # the migration id of the cycle's own moves (`_resize`), watched by this service
 INFLIGHT_TIMEOUT_S = 15.0  # an order with no answer this long is decided again (with a new attempt)
 LEASE_S = 5.0
 REBUILD_LOCK_S = 60.0  # a rebuild cut short (its replica died) is taken over after this
@@ -519,6 +520,7 @@ class QueueService(Service):
             self.held.replace(await self.store.allocations(), since)
             holding = self.held.by_job()
             self._ended = {j: r for j, r in self._ended.items() if j in holding}
+            await self._abort_stuck_resizes(now)
         else:
             foreign, self._foreign = self._foreign, False
             if foreign and (unknown := await self.store.undecided_job_ids() - self.jobs.ids()):
@@ -684,7 +686,7 @@ class QueueService(Service):
         attempt = rec.attempt
         await self.on_move(
             MoveOrder(
-                migration_id=f"resize-{d.job_id}-{attempt}",
+                migration_id=f"{RESIZE_PREFIX}{d.job_id}-{attempt}",
                 job_id=d.job_id,
                 attempt=attempt,
                 target=target,
@@ -692,6 +694,20 @@ class QueueService(Service):
                 at=now,
             )
         )
+
+    async def _abort_stuck_resizes(self, now: float) -> None:
+        """The cycle's own moves have no migration service watching them: one whose checkpoint isn't acknowledged
+        within the migration step timeout (a queue killed before its checkpoint order went out, a rank that never
+        answered) is aborted as the migration service aborts its moves, requeued from the last complete
+        checkpoint with its GPUs released (`on_move_abort`)."""
+        timeout = self.deps.settings.migration_step_timeout_s
+        for rec in list(self.jobs.records().values()):
+            mv = rec.move
+            if rec.state is not JobState.MIGRATING or mv is None or not mv.migration_id.startswith(RESIZE_PREFIX):
+                continue
+            if overdue(self.hearing, mv.since, now, timeout):
+                why = f"checkpoint not acknowledged in {timeout:g}s"
+                await self.on_move_abort(MoveAbort(migration_id=mv.migration_id, job_id=rec.id, reason=why, at=now))
 
     async def _preempt(self, d: Preempt, now: float) -> bool:
         """Move the victim out; False when it isn't placed or running any more (its GPUs aren't freed)."""

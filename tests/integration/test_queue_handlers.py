@@ -54,13 +54,18 @@ async def queue(nats_url: str, redis_url: str, namespace: str) -> AsyncIterator[
 
 async def _events(q: QueueService, job: str) -> list[tuple[str, int]]:
     """The job's events as stored in the stream, in order: (state, attempt)."""
+    return [(str(ev.state), ev.attempt) for ev in await _logged(q, job)]
+
+
+async def _logged(q: QueueService, job: str) -> list[JobEvent]:
+    """The job's events as stored in the stream, in order."""
     sub = await q.bus.js.subscribe(q.names.job_event(job), ordered_consumer=True)
-    out: list[tuple[str, int]] = []
+    out: list[JobEvent] = []
     try:
         while True:
             ev = EVENTS.decode((await sub.next_msg(timeout=0.5)).data)
             assert isinstance(ev, JobEvent)
-            out.append((str(ev.state), ev.attempt))
+            out.append(ev)
     except TimeoutError:
         return out
     finally:
@@ -248,3 +253,36 @@ async def test_a_redelivered_last_checkpoint_ack_sends_the_moves_release_and_res
     assert isinstance(got[1], PlaceOrder) and (got[1].attempt, got[1].nodes, got[1].restore) == (2, target, "j:1")
     rec = await queue.store.get_job("j")
     assert rec is not None and (rec.state, rec.attempt, rec.allocation) == (JobState.PENDING, 2, target)
+
+
+@pytest.mark.parametrize(
+    ("migration_id", "since", "aborted"),
+    [("resize-j-1", NOW - 600, True), ("resize-j-1", NOW - 1, False), ("m-7", NOW - 600, False)],
+)
+async def test_the_cycles_own_resize_is_aborted_when_its_checkpoint_never_comes(
+    queue: QueueService, migration_id: str, since: float, aborted: bool
+) -> None:
+    # A shrink is a move the queue starts itself (no migration service watches it): killed between writing the
+    # job migrating and sending the checkpoint order, the queue leaves nobody to send it. Past the migration step
+    # timeout the full cycle aborts the move: requeued from its last complete checkpoint, the GPUs released. A
+    # fresh resize, and the migration service's own moves (it aborts those itself), are left alone.
+    old, target = [NodeGpus("n0", [0])], [NodeGpus("n0", [0])]
+    assert (await queue.store.commit(AllocationRecord(job_id="j", attempt=1, nodes=old, committed_at=NOW))).ok
+    move = MoveTicket(migration_id=migration_id, target=target, reason="shrunk", since=since)
+    body = JobBody(name="j", tenant="t", gpus=1, gpus_per_node=1, checkpointable=True)
+    migrating = JobRecord(
+        id="j", spec=body, state=JobState.MIGRATING, attempt=1, allocation=old, started_ranks=[0], move=move
+    )
+    await queue.store.put_job(migrating, new=True)
+    orders = await queue.bus.nc.subscribe(queue.names.orders)
+    await queue.run_cycle(full=True)
+    rec = await queue.store.get_job("j")
+    assert rec is not None
+    if not aborted:
+        assert rec.state is JobState.MIGRATING and rec.move == move, rec
+        return
+    assert rec.state is not JobState.MIGRATING and rec.move is None and rec.attempt > 1, rec
+    reasons = [ev.reason for ev in await _logged(queue, "j")]
+    assert any(r.startswith("requeued: move aborted (checkpoint not acknowledged") for r in reasons), reasons
+    got = ORDERS.decode((await orders.next_msg(timeout=2)).data)
+    assert isinstance(got, ReleaseOrder) and got.job_id == "j", got
