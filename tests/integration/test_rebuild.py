@@ -12,7 +12,16 @@ from services.queue import rebuild
 from shared import lifecycle
 from shared.joblog import LogEntry
 from shared.runtime import Deps
-from shared.schemas import Committed, JobBody, JobState, JobSubmitted, NodeGpus, RankExited, RankStarted
+from shared.schemas import (
+    Committed,
+    JobBody,
+    JobState,
+    JobSubmitted,
+    NodeGpus,
+    RankExited,
+    RankStarted,
+    TopologyBody,
+)
 from tests.integration.conftest import service_deps
 
 pytestmark = pytest.mark.asyncio
@@ -49,6 +58,29 @@ async def test_an_empty_view_is_rebuilt_from_the_log(deps: Deps) -> None:
     assert rec is not None and (rec.state, rec.attempt) == (JobState.SUCCEEDED, 1)
     assert done.jobs == 1 and done.allocations == 0
     assert (await deps.store.view_status())[0] == "ready"
+
+
+async def test_a_running_flexible_elastic_job_keeps_its_layout_and_gpus_through_a_rebuild(deps: Deps) -> None:
+    """A flexible (segments of 2 or 1 node) elastic (4-8 GPUs) job, placed on its smaller layout and running: the
+    view rebuilt from the log has it running on the same GPUs, with the layout it got (issue 23)."""
+    n, bus = deps.names, deps.bus
+    body = JobBody(
+        name="fx", tenant="t", gpus=8, min_gpus=4, checkpointable=True, topology=TopologyBody(segment=[2, 1])
+    )
+    submit = JobSubmitted(job_id="fx", spec=body, submitted_at=1.0)
+    await bus.publish(n.job_submit, submit)
+    await bus.publish(n.job_event("fx"), lifecycle.event_of(lifecycle.submitted(submit, 1.0)))
+    await bus.publish(n.placement_events, Committed(job_id="fx", attempt=1, nodes=HERE, at=2.0, segment=1))
+    for r in (0, 1):
+        await bus.publish(n.agent_events, RankStarted(job_id="fx", attempt=1, node=f"n{r}", rank=r, pid=r, at=3.0))
+    await deps.store.close_view()
+    done = await rebuild.rebuild_view(deps.bus, deps.store, None, time.time())
+    rec = await deps.store.get_job("fx")
+    assert rec is not None and (rec.state, rec.attempt, rec.segment) == (JobState.RUNNING, 1, 1), rec
+    assert rec.allocation == HERE and rec.spec.min_gpus == 4
+    held = await deps.store.allocation("fx")
+    assert held is not None and held.nodes == HERE
+    assert done.jobs == 1 and done.allocations == 1
 
 
 async def test_a_log_read_short_writes_nothing_and_leaves_the_view_closed(
