@@ -520,7 +520,7 @@ class QueueService(Service):
             self.held.replace(await self.store.allocations(), since)
             holding = self.held.by_job()
             self._ended = {j: r for j, r in self._ended.items() if j in holding}
-            await self._abort_stuck_resizes(now)
+            await self._resend_stuck_resizes(now)
         else:
             foreign, self._foreign = self._foreign, False
             if foreign and (unknown := await self.store.undecided_job_ids() - self.jobs.ids()):
@@ -695,19 +695,23 @@ class QueueService(Service):
             )
         )
 
-    async def _abort_stuck_resizes(self, now: float) -> None:
-        """The cycle's own moves have no migration service watching them: one whose checkpoint isn't acknowledged
-        within the migration step timeout (a queue killed before its checkpoint order went out, a rank that never
-        answered) is aborted as the migration service aborts its moves, requeued from the last complete
-        checkpoint with its GPUs released (`on_move_abort`)."""
-        timeout = self.deps.settings.migration_step_timeout_s
+    async def _resend_stuck_resizes(self, now: float) -> None:
+        """The cycle's own moves have no migration service watching them: a queue killed between writing the job
+        migrating and sending its checkpoint order left nobody to send it. The full cycle sends the order again for
+        one still migrating after the in-flight timeout (the same msg id: a repeat within the bus's duplicate
+        window is dropped; the agents ignore an order for ranks already checkpointed). Not an abort: a checkpoint
+        order held up by a placement restart arrives one ack wait late, and aborting would lose the job's work."""
         for rec in list(self.jobs.records().values()):
             mv = rec.move
             if rec.state is not JobState.MIGRATING or mv is None or not mv.migration_id.startswith(RESIZE_PREFIX):
                 continue
-            if overdue(self.hearing, mv.since, now, timeout):
-                why = f"checkpoint not acknowledged in {timeout:g}s"
-                await self.on_move_abort(MoveAbort(migration_id=mv.migration_id, job_id=rec.id, reason=why, at=now))
+            if overdue(self.hearing, mv.since, now, INFLIGHT_TIMEOUT_S):
+                await self.bus.publish(
+                    self.names.orders,
+                    CheckpointOrder(job_id=rec.id, attempt=rec.attempt, reason=rec.reason),
+                    msg_id=f"{rec.id}:{rec.attempt}:checkpoint",
+                    headers=_trace(rec),
+                )
 
     async def _preempt(self, d: Preempt, now: float) -> bool:
         """Move the victim out; False when it isn't placed or running any more (its GPUs aren't freed)."""
