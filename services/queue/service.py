@@ -698,20 +698,15 @@ class QueueService(Service):
     async def _resend_stuck_resizes(self, now: float) -> None:
         """The cycle's own moves have no migration service watching them: a queue killed between writing the job
         migrating and sending its checkpoint order left nobody to send it. The full cycle sends the order again for
-        one still migrating after the in-flight timeout (the same msg id: a repeat within the bus's duplicate
-        window is dropped; the agents ignore an order for ranks already checkpointed). Not an abort: a checkpoint
+        one still migrating after the in-flight timeout (`_order_checkpoint`; the agents ignore an order for ranks
+        already checkpointed). Not an abort: a checkpoint
         order held up by a placement restart arrives one ack wait late, and aborting would lose the job's work."""
-        for rec in list(self.jobs.records().values()):
+        for rec in self.jobs.records().values():  # a copy: the sends await
             mv = rec.move
             if rec.state is not JobState.MIGRATING or mv is None or not mv.migration_id.startswith(RESIZE_PREFIX):
                 continue
             if overdue(self.hearing, mv.since, now, INFLIGHT_TIMEOUT_S):
-                await self.bus.publish(
-                    self.names.orders,
-                    CheckpointOrder(job_id=rec.id, attempt=rec.attempt, reason=rec.reason),
-                    msg_id=f"{rec.id}:{rec.attempt}:checkpoint",
-                    headers=_trace(rec),
-                )
+                await self._order_checkpoint(rec)
 
     async def _preempt(self, d: Preempt, now: float) -> bool:
         """Move the victim out; False when it isn't placed or running any more (its GPUs aren't freed)."""
@@ -745,6 +740,11 @@ class QueueService(Service):
             return
         # also on redelivery: the event and the order may not have gone out (msg ids dedupe repeats)
         await self.emit(rec)
+        await self._order_checkpoint(rec)
+
+    async def _order_checkpoint(self, rec: JobRecord) -> None:
+        """A migrating attempt's checkpoint order to its ranks; sent again under the same msg id, a repeat within
+        the bus's duplicate window is dropped."""
         await self.bus.publish(
             self.names.orders,
             CheckpointOrder(job_id=rec.id, attempt=rec.attempt, reason=rec.reason),

@@ -1,11 +1,13 @@
-"""What the fault tests share beyond the burst: waiting for a restarted process, for the system to settle,
-and asserting a history sound."""
+"""What the fault tests share beyond the burst: killing a service's process and waiting for it again, for the
+system to settle, and asserting a history sound."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
+import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -49,6 +51,26 @@ async def wait_started(e2e: E2E, name: str, before: int, timeout: float = 60.0) 
             return False
 
     await wait_until(probe, f"{name} started again", timeout)
+
+
+def victim_process(victim: str) -> dict[str, Any]:
+    """`open_stack` options running `victim` as a real child process (every other service in the test's own)."""
+    return {
+        "in_process": tuple(s for s in ("inventory", "placement", "queue", "gateway") if s != victim),
+        "migration": "process" if victim == "migration" else "in_process",
+    }
+
+
+async def freeze_kill_restart(e2e: E2E, victim: str, frozen_s: float, down_s: float) -> None:
+    """SIGSTOP the child process `victim` for `frozen_s` (what the server delivers to it then is in its hands,
+    unacked), SIGKILL it, start it again `down_s` later and wait until it is up."""
+    before = started_count(e2e.log_dir, victim)
+    os.kill(e2e.stack.processes[victim].pid, signal.SIGSTOP)
+    await asyncio.sleep(frozen_s)
+    e2e.stack.kill_process(victim)
+    await asyncio.sleep(down_s)
+    e2e.stack.start_process(victim)
+    await wait_started(e2e, victim, before)
 
 
 async def wait_ready(e2e: E2E, nodes: int) -> None:

@@ -22,11 +22,8 @@ released is caught, as is a GPU double-booked, and the size check catches a plan
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import os
 import random
-import signal
 import sys
 import time
 from pathlib import Path
@@ -41,11 +38,11 @@ from tests.e2e.conftest import E2E, StackFactory, service_errors
 from tests.faults.burst import OK_CMD, TENANTS, Burst
 from tests.faults.harness import (
     assert_sound,
+    freeze_kill_restart,
     plant_double_booking,
     settled,
-    started_count,
+    victim_process,
     wait_ready,
-    wait_started,
 )
 from tests.history import History, Logged, Recorder, check, reruns
 
@@ -179,16 +176,8 @@ async def queue_drained(e2e: E2E, timeout: float = 60.0) -> None:
 async def test_sigkill_mid_resize_under_a_burst_loses_nothing_and_books_no_gpu_twice(
     open_stack: StackFactory, caplog: pytest.LogCaptureFixture, tmp_path: Path, victim: str, during: str
 ) -> None:
-    in_process = tuple(s for s in ("inventory", "placement", "queue", "gateway") if s != victim)
-    e2e: E2E = await open_stack(
-        domains=DOMAINS,
-        nodes_per_domain=NODES,
-        in_process=in_process,
-        migration="process" if victim == "migration" else "in_process",
-        settings=FAST_MOVES,
-    )
+    e2e: E2E = await open_stack(domains=DOMAINS, nodes_per_domain=NODES, settings=FAST_MOVES, **victim_process(victim))
     await wait_ready(e2e, DOMAINS * NODES)
-    stack = e2e.stack
     rec = Recorder(e2e.http, lambda: e2e.url)
     done = tmp_path / "elastic-done"
 
@@ -199,13 +188,7 @@ async def test_sigkill_mid_resize_under_a_burst_loses_nothing_and_books_no_gpu_t
         """Freeze the victim as E's move away from `attempt` is in flight, kill it, start it again."""
         killed_from.append((attempt, *await wait_move_in_flight(e2e, elastic, attempt)))
         async with rec.fault(f"sigkill {victim} mid-{during}"):
-            before = started_count(e2e.log_dir, victim)
-            os.kill(stack.processes[victim].pid, signal.SIGSTOP)
-            await asyncio.sleep(FROZEN_S)
-            stack.kill_process(victim)
-            await asyncio.sleep(DOWN_S)
-            stack.start_process(victim)
-            await wait_started(e2e, victim, before)
+            await freeze_kill_restart(e2e, victim, FROZEN_S, DOWN_S)
 
     blocker = await rec.submit({"name": "b", "tenant": "b", "gpus": 56, "duration_s": 3.0})
     await e2e.wait_state(blocker, {"running"})

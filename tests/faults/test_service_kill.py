@@ -13,10 +13,6 @@ node failed, so every job succeeds and none that can't be moved ran a second att
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
-
 import pytest
 
 from tests.e2e.conftest import E2E, StackFactory, service_errors
@@ -24,11 +20,11 @@ from tests.faults.burst import Burst, mixed_burst
 from tests.faults.harness import (
     assert_sound,
     free_port,
+    freeze_kill_restart,
     plant_double_booking,
     settled,
-    started_count,
+    victim_process,
     wait_ready,
-    wait_started,
 )
 from tests.history import Recorder, check, reruns
 
@@ -46,17 +42,14 @@ SEEDS = {"gateway": 1, "queue": 7, "placement": 8, "inventory": 3, "migration": 
 async def test_sigkill_and_restart_under_a_burst_loses_nothing_and_runs_nothing_twice(
     open_stack: StackFactory, caplog: pytest.LogCaptureFixture, victim: str
 ) -> None:
-    in_process = tuple(s for s in ("inventory", "placement", "queue", "gateway") if s != victim)
     e2e: E2E = await open_stack(
         domains=DOMAINS,
         nodes_per_domain=NODES,
-        in_process=in_process,
-        migration="process" if victim == "migration" else "in_process",
+        **victim_process(victim),
         # a gateway in a child process needs a port known to the test (and the same one after its restart)
         settings={"gateway_port": free_port()} if victim == "gateway" else None,
     )
     await wait_ready(e2e, DOMAINS * NODES)
-    stack = e2e.stack
     rec = Recorder(e2e.http, lambda: e2e.url)
     warm = await rec.submit({"name": "warm-up", "tenant": "alpha", "gpus": 1, "duration_s": 0.05})
     await e2e.wait_state(warm, {"succeeded"})
@@ -64,13 +57,7 @@ async def test_sigkill_and_restart_under_a_burst_loses_nothing_and_runs_nothing_
     async with Burst(rec, mixed_burst(JOBS, seed=SEEDS[victim])) as burst:
         await burst.wait_accepted(KILL_AFTER)
         async with rec.fault(f"sigkill {victim}"):
-            before = started_count(e2e.log_dir, victim)
-            os.kill(stack.processes[victim].pid, signal.SIGSTOP)
-            await asyncio.sleep(FROZEN_S)
-            stack.kill_process(victim)
-            await asyncio.sleep(DOWN_S)
-            stack.start_process(victim)
-            await wait_started(e2e, victim, before)
+            await freeze_kill_restart(e2e, victim, FROZEN_S, DOWN_S)
     accepted = [warm, *burst.accepted]
     assert not burst.refused, burst.refused[:5]
     assert len(accepted) == JOBS + 1

@@ -73,6 +73,19 @@ async def _logged(q: QueueService, job: str) -> list[JobEvent]:
         await sub.unsubscribe()
 
 
+async def _migrating(q: QueueService, migration_id: str, target: list[NodeGpus], since: float) -> JobRecord:
+    """Store job j, checkpointable, running attempt 1 on n0's GPU 0 (committed) and now migrating to `target`."""
+    old = [NodeGpus("n0", [0])]
+    assert (await q.store.commit(AllocationRecord(job_id="j", attempt=1, nodes=old, committed_at=NOW))).ok
+    move = MoveTicket(migration_id=migration_id, target=target, reason="shrunk", since=since)
+    body = JobBody(name="j", tenant="t", gpus=1, gpus_per_node=1, checkpointable=True)
+    rec = JobRecord(
+        id="j", spec=body, state=JobState.MIGRATING, attempt=1, allocation=old, started_ranks=[0], move=move
+    )
+    await q.store.put_job(rec, new=True)
+    return rec
+
+
 def _job(**kw: object) -> JobRecord:
     return JobRecord(id="j", spec=JobBody(name="j", tenant="t", gpus=1, gpus_per_node=1), **kw)  # type: ignore[arg-type]
 
@@ -234,14 +247,8 @@ async def test_a_redelivered_last_checkpoint_ack_sends_the_moves_release_and_res
     # sends the release of the old GPUs and the restore order. A queue killed between the write and the sends
     # leaves the ack unacked: its redelivery must send them again, or the job waits for ever (the old GPUs held,
     # so no cycle decides it again). A plain redelivery after the sends re-sends them under the same msg ids.
-    old, target = [NodeGpus("n0", [0])], [NodeGpus("n1", [0])]
-    assert (await queue.store.commit(AllocationRecord(job_id="j", attempt=1, nodes=old, committed_at=NOW))).ok
-    move = MoveTicket(migration_id="resize-j-1", target=target, reason="shrunk", since=NOW)
-    body = JobBody(name="j", tenant="t", gpus=1, gpus_per_node=1, checkpointable=True)
-    migrating = JobRecord(
-        id="j", spec=body, state=JobState.MIGRATING, attempt=1, allocation=old, started_ranks=[0], move=move
-    )
-    await queue.store.put_job(migrating, new=True)
+    target = [NodeGpus("n1", [0])]
+    migrating = await _migrating(queue, "resize-j-1", target, NOW)
     ack = RankExited(job_id="j", attempt=1, node="n0", rank=0, exit_code=0, at=NOW, checkpointed=True)
     if redelivered:
         written = lifecycle.checkpointed(migrating, ack, NOW)  # what the killed queue wrote before it died
@@ -267,14 +274,8 @@ async def test_the_cycles_own_resize_gets_its_checkpoint_order_again_when_it_han
     # job migrating and sending the checkpoint order, the queue leaves nobody to send it. Past the in-flight
     # timeout the full cycle sends it again (same msg id); the job stays migrating, its work kept. A fresh resize,
     # and the migration service's own moves (it watches those itself), are left alone.
-    old, target = [NodeGpus("n0", [0])], [NodeGpus("n0", [0])]
-    assert (await queue.store.commit(AllocationRecord(job_id="j", attempt=1, nodes=old, committed_at=NOW))).ok
-    move = MoveTicket(migration_id=migration_id, target=target, reason="shrunk", since=since)
-    body = JobBody(name="j", tenant="t", gpus=1, gpus_per_node=1, checkpointable=True)
-    migrating = JobRecord(
-        id="j", spec=body, state=JobState.MIGRATING, attempt=1, allocation=old, started_ranks=[0], move=move
-    )
-    await queue.store.put_job(migrating, new=True)
+    migrating = await _migrating(queue, migration_id, [NodeGpus("n0", [0])], since)
+    move = migrating.move
     orders = await queue.bus.nc.subscribe(queue.names.orders)
     await queue.run_cycle(full=True)
     rec = await queue.store.get_job("j")
