@@ -3,7 +3,9 @@ fleet of GPU agents. Behind `rackscale up`, the end-to-end tests and `bench/e2e_
 
 Each service gets its own connections (`Deps`), exactly as separate processes would; they share only
 the event loop. `start_process`/`kill_process` run one service as a real child process instead, for the
-crash tests (SIGKILL is only honest against a real process).
+crash tests (SIGKILL is only honest against a real process). A large simulated fleet runs in child processes
+of its own (`fleet_processes`, shards of whole domains: `python -m services.fleet --first-domain`), so the
+agents' work doesn't share the services' event loop or core.
 """
 
 from __future__ import annotations
@@ -49,8 +51,14 @@ class StackOptions:
     in_process: tuple[str, ...] = ("inventory", "placement", "queue", "gateway")  # others: child processes
     migration: Literal["in_process", "process", "off"] = "in_process"  # the migration service (crash tests: process)
     agents: bool = True
+    fleet_processes: int = 0  # > 0: the agents in that many child processes instead of this one (a large fleet)
+    fleet_timeout_s: float = 120.0  # how long start() waits for a child fleet's nodes to be up
     tracer_factory: Callable[[str], Tracer] | None = None  # tests: in-memory exporters
     log_dir: Path | None = None
+
+
+class FleetStartError(Exception):
+    """A simulated fleet in child processes did not come up: the message says how far it got."""
 
 
 class Stack:
@@ -62,6 +70,7 @@ class Stack:
         self.services: dict[str, Service] = {}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.fleet: AgentFleet | None = None
+        self.fleet_shards: list[subprocess.Popen[bytes]] = []
 
     @property
     def nats_url(self) -> str:
@@ -98,7 +107,9 @@ class Stack:
             await self.start_service("migration")
         elif self.opts.migration == "process":
             self.start_process("migration")
-        if self.opts.agents:
+        if self.opts.agents and self.opts.fleet_processes > 0:
+            await self.start_fleet_processes(self.opts.fleet_processes)
+        elif self.opts.agents:
             deps = await self._deps("agent")
             backends = sim_fleet(self.opts.domains, self.opts.nodes_per_domain, self.opts.gpus_per_node)
             self.fleet = AgentFleet(deps, backends, log_dir=self.opts.log_dir)
@@ -141,6 +152,42 @@ class Stack:
         self.processes[name] = proc
         return proc
 
+    def shard_domains(self, shards: int) -> list[tuple[int, int]]:
+        """(first domain, domains) of each of `shards` child fleets: whole domains, as even as they split."""
+        d = self.opts.domains
+        shards = max(1, min(shards, d))
+        bounds = [d * i // shards for i in range(shards + 1)]
+        return [(bounds[i], bounds[i + 1] - bounds[i]) for i in range(shards)]
+
+    async def start_fleet_processes(self, shards: int) -> None:
+        """The simulated agents as `shards` child processes; returns once every node is up (or raises)."""
+        o = self.opts
+        for first, count in self.shard_domains(shards):
+            cmd = [sys.executable, "-m", "services.fleet", "--domains", str(count), "--first-domain", str(first)]
+            cmd += ["--nodes-per-domain", str(o.nodes_per_domain), "--gpus", str(o.gpus_per_node)]
+            out = (o.log_dir / f"fleet-{first}.log").open("ab") if o.log_dir else subprocess.DEVNULL
+            self.fleet_shards.append(subprocess.Popen(cmd, env=self._env(), stdout=out, stderr=subprocess.STDOUT))
+        await self.wait_nodes_up(o.domains * o.nodes_per_domain, o.fleet_timeout_s)
+
+    async def wait_nodes_up(self, nodes: int, timeout_s: float) -> None:
+        """Until inventory has `nodes` nodes up; FleetStartError naming how many are, or a fleet that exited."""
+        deps = await self._deps("stack")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        try:
+            while True:
+                states = [r.state for r in await deps.store.nodes()]
+                up = states.count("up")
+                if up >= nodes:
+                    return
+                if dead := [p.args for p in self.fleet_shards if p.poll() is not None]:
+                    raise FleetStartError(f"a simulated fleet process exited: {' '.join(dead[0])}")
+                if loop.time() > deadline:
+                    raise FleetStartError(f"{up} of {nodes} nodes up after {timeout_s:g}s ({len(states)} registered)")
+                await asyncio.sleep(0.5)
+        finally:
+            await deps.close()
+
     def kill_process(self, name: str) -> None:
         proc = self.processes.pop(name)
         proc.send_signal(signal.SIGKILL)
@@ -155,14 +202,16 @@ class Stack:
         for name in ("migration", "gateway", "queue", "placement", "inventory"):
             if name in self.services:
                 await self.stop_service(name)
-        for proc in self.processes.values():
+        children = [*self.fleet_shards, *self.processes.values()]
+        for proc in children:
             proc.terminate()
-        for proc in self.processes.values():
+        for proc in children:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.processes.clear()
+        self.fleet_shards.clear()
         loop = asyncio.get_running_loop()
         for server in (self.nats, self.redis):
             if server is not None:

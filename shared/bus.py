@@ -238,8 +238,12 @@ class Bus:
         retry_delay_s: float = 0.5,
         ready: asyncio.Event | None = None,
         key: Callable[[Any], str] | None = None,
+        filters: Sequence[str] = (),
     ) -> None:
         """Run a durable pull consumer until `stop` is set.
+
+        `filters`: the subjects it takes, when not all of `subject` (its stream is found from `subject`): one
+        shard of a simulated fleet takes its own nodes' commands.
 
         Without `key` a fetched batch is handled one message after the other. With it, messages of different
         keys (say, job ids) are handled concurrently and those of one key in stream order: a handler's round
@@ -251,6 +255,7 @@ class Bus:
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=ack_wait_s,
             max_ack_pending=10_000,
+            filter_subjects=list(filters) or None,
         )
         sub = await self.js.pull_subscribe(subject, durable=durable, stream=stream, config=config)
         if ready is not None:

@@ -134,6 +134,11 @@ class Names:
         # (counters are cumulative), and no stream holds it.
         return f"{self.prefix}.telemetry.{node}"
 
+    def telemetry_batch(self, shard: str) -> str:
+        # a simulated fleet's samples together (TelemetryBatch), under `telemetry_all` so every listener has them:
+        # the token starts with "_", which no node name does (services/inventory: NODE_NAME)
+        return f"{self.prefix}.telemetry._{shard}"
+
     @property
     def telemetry_all(self) -> str:
         return f"{self.prefix}.telemetry.*"

@@ -397,7 +397,25 @@ class Heartbeat(msgspec.Struct, tag="agent.heartbeat", kw_only=True, frozen=True
     boot_id: str = ""  # the agent's, as in its registration
 
 
-AgentReport = AgentRegister | Heartbeat
+class AgentReports(msgspec.Struct, tag="agent.reports", kw_only=True, frozen=True):
+    """Many agents' registrations and heartbeats as one message: a simulated fleet sends its nodes' reports
+    of each moment together (5,004 nodes beat every second at 278 domains; one message each cost inventory
+    more than the work they carry). On `names.agent_heartbeat`, handled as if each had come alone."""
+
+    reports: list[AgentRegister | Heartbeat]
+
+
+AgentReport = AgentRegister | Heartbeat | AgentReports
+
+
+class TelemetryBatch(msgspec.Struct, tag="agent.telemetry_batch", kw_only=True, frozen=True):
+    """Many agents' telemetry samples as one message (a simulated fleet's), on `names.telemetry_batch(shard)`;
+    every listener takes it as the samples one after the other."""
+
+    samples: list[Telemetry]
+
+
+TelemetryMessage = Telemetry | TelemetryBatch
 
 
 class Committed(msgspec.Struct, tag="placement.committed", kw_only=True, frozen=True):
@@ -600,7 +618,7 @@ JOB_INTAKE = msgspec.msgpack.Decoder(JobIntake)
 ORDERS = msgspec.msgpack.Decoder(Order)
 AGENT_COMMANDS = msgspec.msgpack.Decoder(AgentCommand)
 AGENT_REPORTS = msgspec.msgpack.Decoder(AgentReport)
-TELEMETRY = msgspec.msgpack.Decoder(Telemetry)
+TELEMETRY = msgspec.msgpack.Decoder(TelemetryMessage)
 EVENTS = msgspec.msgpack.Decoder(Event)
 NODE_ADMIN = msgspec.msgpack.Decoder(NodeAdmin)
 ADMIN_REPLY = msgspec.msgpack.Decoder(AdminReply)

@@ -111,6 +111,12 @@ def exit_reason(code: int, stop_reason: str | None) -> str:
     return f"stopped ({stop_reason}): {how}" if stop_reason else how
 
 
+def phase(node: str) -> float:
+    """Where in each period a node reports, as a fraction fixed by its name: agents started together don't all
+    report in the same instant (bursts that stall the receivers' event loops and every job event behind them)."""
+    return zlib.crc32(node.encode()) / 2**32
+
+
 class AgentService(Service):
     name = "agent"
 
@@ -123,10 +129,12 @@ class AgentService(Service):
         stop_grace_s: float = 10.0,
         log_dir: Path | None = None,
         consume: bool = True,
+        periodic: bool = True,
         keep_finished: int = 4096,
         relabel: Callable[[AgentRegister], AgentRegister] | None = None,
     ) -> None:
-        """`consume=False` leaves command intake to the caller (a fleet dispatching to `handle`);
+        """`consume=False` leaves command intake to the caller (a fleet dispatching to `handle`), `periodic=False`
+        the reports and samples (a fleet sending its agents' `next_report` and `next_sample` in batches);
         `relabel` rewrites the backend's registration (topology from Kubernetes node labels)."""
         super().__init__(deps)
         if register_every < 1:
@@ -137,6 +145,7 @@ class AgentService(Service):
         self.stop_grace_s = stop_grace_s
         self.log_dir = log_dir
         self.consume = consume
+        self.periodic = periodic
         self.keep_finished = keep_finished
         self.relabel = relabel
         self.ready = asyncio.Event()  # set once the command consumer is bound (or at start without one)
@@ -151,9 +160,10 @@ class AgentService(Service):
     # -- lifecycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
         self.started_at = self.now()
-        await self.report()  # register before anything else
-        self.spawn(self._every(self.deps.settings.heartbeat_s, self.report), "heartbeats")
-        self.spawn(self._every(self.deps.settings.telemetry_s, self.send_telemetry), "telemetry")
+        if self.periodic:
+            await self.report()  # register before anything else
+            self.spawn(self._every(self.deps.settings.heartbeat_s, self.report), "heartbeats")
+            self.spawn(self._every(self.deps.settings.telemetry_s, self.send_telemetry), "telemetry")
         if self.consume:
             self.spawn(
                 self.bus.consume(
@@ -198,50 +208,57 @@ class AgentService(Service):
     def busy_gpus(self) -> frozenset[int]:
         return frozenset(g for r in self.runs.values() if r.running for g in r.cmd.gpus)
 
-    async def report(self) -> None:
-        """Registration on every `register_every`-th beat (the first included), else a heartbeat."""
-        try:
-            if self._quiet():
-                pass
-            elif self.beats % self.register_every == 0:
-                described = self.backend.describe()
-                if self.relabel is not None:
-                    described = self.relabel(described)
-                reg = msgspec.structs.replace(described, at=self.now(), boot_id=self.boot_id, ranks=self.held_ranks())
-                await self.bus.publish_core(self.names.agent_register, reg)
-            else:
-                hb = Heartbeat(
-                    node=self.node,
-                    at=self.now(),
-                    gpus=self.backend.health(),
-                    ranks=self.held_ranks(),
-                    boot_id=self.boot_id,
-                )
-                await self.bus.publish_core(self.names.agent_heartbeat, hb)
-        except Exception:
-            log.exception("%s: heartbeat not sent; the next one will be", self.node)
-        self.beats += 1
-
-    async def send_telemetry(self) -> Telemetry | None:
-        """One sample of every GPU; None (nothing sent) while the node is silent."""
+    def next_report(self) -> AgentRegister | Heartbeat | None:
+        """This beat's report: the registration on every `register_every`-th beat (the first included), else a
+        heartbeat; None while the node plays silent. Counts the beat."""
         try:
             if self._quiet():
                 return None
-            sample = Telemetry(
-                node=self.node, at=self.now(), seq=self.samples, gpus=self.backend.telemetry(self.busy_gpus())
+            if self.beats % self.register_every == 0:
+                described = self.backend.describe()
+                if self.relabel is not None:
+                    described = self.relabel(described)
+                return msgspec.structs.replace(described, at=self.now(), boot_id=self.boot_id, ranks=self.held_ranks())
+            return Heartbeat(
+                node=self.node, at=self.now(), gpus=self.backend.health(), ranks=self.held_ranks(), boot_id=self.boot_id
             )
-            await self.bus.publish_core(self.names.telemetry(self.node), sample)
-        except Exception:
-            log.exception("%s: telemetry not sent; the next sample will be", self.node)
+        finally:
+            self.beats += 1
+
+    def next_sample(self) -> Telemetry | None:
+        """One telemetry sample of every GPU; None while the node plays silent. Counts the sample."""
+        if self._quiet():
             return None
+        sample = Telemetry(
+            node=self.node, at=self.now(), seq=self.samples, gpus=self.backend.telemetry(self.busy_gpus())
+        )
         self.samples += 1
         return sample
 
+    async def report(self) -> None:
+        """Send this beat's report (`next_report`)."""
+        try:
+            rep = self.next_report()
+            if rep is not None:
+                subject = self.names.agent_register if isinstance(rep, AgentRegister) else self.names.agent_heartbeat
+                await self.bus.publish_core(subject, rep)
+        except Exception:
+            log.exception("%s: heartbeat not sent; the next one will be", self.node)
+
+    async def send_telemetry(self) -> Telemetry | None:
+        """Send one sample (`next_sample`); None (nothing sent) while the node is silent."""
+        try:
+            sample = self.next_sample()
+            if sample is not None:
+                await self.bus.publish_core(self.names.telemetry(self.node), sample)
+        except Exception:
+            log.exception("%s: telemetry not sent; the next sample will be", self.node)
+            return None
+        return sample
+
     async def _every(self, period: float, action: Callable[[], Awaitable[object]]) -> None:
-        """Run `action` every `period` until stopped. The first wait is a fraction of the period fixed by the
-        node's name, so that the agents of a fleet started together don't all report in the same instant
-        (bursts that stall the receivers' event loops and every job event queued behind them)."""
-        wait = period * (zlib.crc32(self.node.encode()) / 2**32)
+        """Run `action` every `period` until stopped, first at the node's `phase` of the period."""
+        wait = period * phase(self.node)
         while not self.stop_event.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop_event.wait(), timeout=wait)

@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--redis-url", default=None, help="use this Redis (default $RACKSCALE_REDIS_URL or embedded)")
     up.add_argument("--log-level", default=None, type=str.upper, help="service logs (default WARNING)")
     up.add_argument("--log-dir", type=Path, default=None, help="write each rank's output under this directory")
+    up.add_argument(
+        "--fleet-processes",
+        type=non_negative_int,
+        default=None,
+        help="child processes for the simulated agents (default: none up to 32 domains, then one per 1,800 nodes)",
+    )
 
     demo = sub.add_parser("demo", help="the scheduling core alone, live in the terminal (no services)")
     demo.add_argument("--domains", type=positive_int, default=4, help="NVL72 domains to simulate (default 4)")
@@ -144,6 +150,7 @@ def main(argv: Sequence[str] | None = None, out: Out = _print, err: Out = _print
             redis_url=args.redis_url,
             log_level=args.log_level,
             log_dir=args.log_dir,
+            fleet_processes=args.fleet_processes,
         )
         return run_up(opts, out, err)
     if args.command == "sim":

@@ -40,6 +40,18 @@ class UpOptions:
     redis_url: str | None = None
     log_level: str | None = None  # None: RACKSCALE_LOG_LEVEL, else WARNING (the terminal is for the URLs)
     log_dir: Path | None = None  # where ranks' output goes
+    fleet_processes: int | None = None  # None: `fleet_processes_for` the fleet's size
+
+
+# Up to this many nodes the simulated agents share the services' process; past it they run in child processes of
+# this many nodes each at most (5,004 agents in one process with the services made their beats late: nodes flapped).
+IN_PROCESS_NODES = 576
+NODES_PER_FLEET_PROCESS = 1800
+
+
+def fleet_processes_for(nodes: int) -> int:
+    """Child processes for a simulated fleet of `nodes` nodes (0: in the services' process)."""
+    return 0 if nodes <= IN_PROCESS_NODES else -(-nodes // NODES_PER_FLEET_PROCESS)
 
 
 class StartError(Exception):
@@ -134,7 +146,7 @@ def banner(
 
 async def serve(opts: UpOptions, out: Out, stop: asyncio.Event | None = None) -> int:
     """Start the stack, print where it is, run until `stop` (set by SIGINT/SIGTERM), stop it; exit code."""
-    from services.stack import Stack, StackOptions  # heavy imports: only for `up`
+    from services.stack import FleetStartError, Stack, StackOptions  # heavy imports: only for `up`
     from shared.embedded import BinaryNotFoundError, ServerStartError
 
     settings = settings_for(opts)
@@ -154,6 +166,11 @@ async def serve(opts: UpOptions, out: Out, stop: asyncio.Event | None = None) ->
             gpus_per_node=opts.gpus_per_node,
             settings=settings,
             log_dir=opts.log_dir,
+            fleet_processes=(
+                opts.fleet_processes
+                if opts.fleet_processes is not None
+                else fleet_processes_for(opts.domains * opts.nodes_per_domain)
+            ),
         )
     )
     try:
@@ -162,6 +179,8 @@ async def serve(opts: UpOptions, out: Out, stop: asyncio.Event | None = None) ->
             await stack.start()
         except (BinaryNotFoundError, ServerStartError) as e:
             raise StartError(f"error: an embedded server did not start: {e}") from None
+        except FleetStartError as e:
+            raise StartError(f"error: the simulated agents did not come up: {e}") from None
         except OSError as e:
             if _is_addr_in_use(e):
                 raise StartError(port_taken_message(settings.gateway_host, settings.gateway_port)) from None

@@ -151,6 +151,7 @@ class Gateway:
         self.keepalive_s = keepalive_s
         self.follow_poll_s, self.follow_end_s = follow_poll_s, follow_end_s
         self.admin_timeout_s = admin_timeout_s
+        self.cluster_views = views.ClusterViews()  # kept between requests: unchanged nodes are not built again
         self.topology = TopologyView(deps.store)
         # the largest fleet seen registered: node records are only added (a down node keeps its own), so a
         # smaller one is a fleet relearning its nodes after Redis lost them, and a job it refuses may still fit
@@ -398,7 +399,7 @@ class Gateway:
         await store.require_view()  # who holds which GPU is unknown until it is rebuilt
         gen = await store.topology_generation()
         nodes, allocs = await asyncio.gather(store.nodes(), store.allocations())
-        view = views.cluster_view(nodes, allocs, gen)
+        view = self.cluster_views.build(nodes, allocs, gen)
         who = auth.principal(request)
         if not who.admin:
             recs = await store.get_jobs([a.job_id for a in allocs])

@@ -7,6 +7,8 @@ import re
 import signal
 from collections.abc import Iterable, Mapping
 
+import msgspec
+
 from shared import lifecycle
 from shared.api import (
     AllocationView,
@@ -116,68 +118,127 @@ def migration_view(rec: MigrationRecord, domain_of: Mapping[str, str]) -> Migrat
     )
 
 
-def _utilisation(gpus: Iterable[tuple[bool, bool]]) -> Utilisation:
+Counts = tuple[int, int, int, int]  # GPUs: total, healthy, busy, busy and healthy
+
+
+def _counts(gpus: Iterable[tuple[bool, bool]]) -> Counts:
     total = healthy = busy = working = 0
     for ok, owned in gpus:
         total += 1
         healthy += ok
         busy += owned
         working += ok and owned
+    return total, healthy, busy, working
+
+
+def _utilisation(counts: Iterable[Counts]) -> Utilisation:
+    total, healthy, busy, working = (sum(c) for c in zip(*counts, strict=True)) if counts else (0, 0, 0, 0)
     return Utilisation(total=total, healthy=healthy, busy=busy, ratio=round(working / healthy, 4) if healthy else 0.0)
 
 
+NodeKey = tuple[object, ...]
+
+
+class ClusterViews:
+    """Builds `/v1/cluster` views, keeping each node's view (its GPUs and their figures) while the node's record and
+    its GPUs' owners stay the same, and each allocation's while its attempt does: at 278 domains (5,004 nodes,
+    20,016 GPUs) building every GPU's view anew was most of the request. What it returns is never changed
+    afterwards (`redact_cluster` copies), so the parts are shared between views."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, tuple[NodeKey, NodeView, Counts]] = {}
+        self._allocs: dict[tuple[str, int], AllocationView] = {}
+        self._generation: int | None = None
+
+    def build(self, nodes: list[NodeRecord], allocations: list[AllocationRecord], generation: int) -> ClusterView:
+        if generation != self._generation:  # a node may be in another domain now: nothing kept is sure
+            self._nodes, self._allocs, self._generation = {}, {}, generation
+        domain_of = {n.name: n.domain for n in nodes}
+        owner: dict[str, dict[int, str]] = {}
+        for a in allocations:
+            for ng in a.nodes:
+                owner.setdefault(ng.node, {}).update((g, a.job_id) for g in ng.gpus)
+        by_domain: dict[str, list[NodeView]] = {}
+        counts: dict[str, list[Counts]] = {}
+        kept: dict[str, tuple[NodeKey, NodeView, Counts]] = {}
+        for n in sorted(nodes, key=lambda r: (r.domain, r.name)):
+            held = owner.get(n.name)
+            owners = tuple(held.get(i) for i in range(n.gpus)) if held else (None,) * n.gpus
+            key = (n.domain, n.state, n.drained, n.reason, n.clique, n.leaf, n.backend, owners)
+            if n.gpu_health:
+                key += tuple(sorted(n.gpu_health.items()))
+            hit = self._nodes.get(n.name)
+            if hit is not None and hit[0] == key:
+                _, base, node_counts = hit
+                view = msgspec.structs.replace(base, last_heartbeat=n.last_heartbeat)
+            else:
+                view, node_counts = _node_view(n, owners)
+            kept[n.name] = (key, view, node_counts)
+            by_domain.setdefault(n.domain, []).append(view)
+            counts.setdefault(n.domain, []).append(node_counts)
+        self._nodes = kept
+        domains = [DomainView(name=d, nodes=v, utilisation=_utilisation(counts[d])) for d, v in by_domain.items()]
+        allocs = {}
+        for a in allocations:
+            av = self._allocs.get((a.job_id, a.attempt))
+            if av is None:
+                av = AllocationView(
+                    job_id=a.job_id, attempt=a.attempt, committed_at=a.committed_at, nodes=placed(a.nodes, domain_of)
+                )
+            allocs[(a.job_id, a.attempt)] = av
+        self._allocs = allocs
+        overall = _utilisation([c for cs in counts.values() for c in cs])
+        return ClusterView(
+            generation=generation, domains=domains, allocations=list(allocs.values()), utilisation=overall
+        )
+
+
+def _node_view(n: NodeRecord, owners: tuple[str | None, ...]) -> tuple[NodeView, Counts]:
+    """A node's view, and its GPUs' counts for the utilisation figures."""
+    gpus, flags = [], []
+    for i, job in enumerate(owners):
+        health = n.gpu_health.get(str(i), "ok")
+        cell = gpu_cell(
+            owned=job is not None,
+            gpu_down=health == "down",
+            node_usable=n.state == "up",
+            node_down=n.state == "down",
+            degraded=health == "degraded",
+        )
+        gpus.append(GpuView(index=i, health=health, job=job, cell=cell.value))
+        flags.append((n.state != "down" and health != "down", job is not None))
+    view = NodeView(
+        name=n.name,
+        state=n.state,
+        drained=n.drained,
+        reason=n.reason,
+        clique=n.clique,
+        leaf=n.leaf,
+        backend=n.backend,
+        last_heartbeat=n.last_heartbeat,
+        gpus=gpus,
+    )
+    return view, _counts(flags)
+
+
 def cluster_view(nodes: list[NodeRecord], allocations: list[AllocationRecord], generation: int) -> ClusterView:
-    domain_of = {n.name: n.domain for n in nodes}
-    owner = {(ng.node, g): a.job_id for a in allocations for ng in a.nodes for g in ng.gpus}
-    by_domain: dict[str, list[NodeView]] = {}
-    flags: dict[str, list[tuple[bool, bool]]] = {}
-    for n in sorted(nodes, key=lambda r: (r.domain, r.name)):
-        gpus = []
-        for i in range(n.gpus):
-            health = n.gpu_health.get(str(i), "ok")
-            job = owner.get((n.name, i))
-            cell = gpu_cell(
-                owned=job is not None,
-                gpu_down=health == "down",
-                node_usable=n.state == "up",
-                node_down=n.state == "down",
-                degraded=health == "degraded",
-            )
-            gpus.append(GpuView(index=i, health=health, job=job, cell=cell.value))
-            flags.setdefault(n.domain, []).append((n.state != "down" and health != "down", job is not None))
-        by_domain.setdefault(n.domain, []).append(
-            NodeView(
-                name=n.name,
-                state=n.state,
-                drained=n.drained,
-                reason=n.reason,
-                clique=n.clique,
-                leaf=n.leaf,
-                backend=n.backend,
-                last_heartbeat=n.last_heartbeat,
-                gpus=gpus,
-            )
-        )
-    domains = [DomainView(name=d, nodes=v, utilisation=_utilisation(flags[d])) for d, v in by_domain.items()]
-    allocs = [
-        AllocationView(
-            job_id=a.job_id, attempt=a.attempt, committed_at=a.committed_at, nodes=placed(a.nodes, domain_of)
-        )
-        for a in allocations
-    ]
-    overall = _utilisation(f for fs in flags.values() for f in fs)
-    return ClusterView(generation=generation, domains=domains, allocations=allocs, utilisation=overall)
+    """The cluster as one view, built from nothing (the gateway keeps a `ClusterViews` between requests)."""
+    return ClusterViews().build(nodes, allocations, generation)
 
 
 OTHER_TENANT = "(other tenant)"
 
 
 def redact_cluster(view: ClusterView, mine: set[str]) -> ClusterView:
-    """The cluster as a user sees it: GPUs of other tenants' jobs show as busy but unnamed, their allocations go."""
-    for d in view.domains:
-        for n in d.nodes:
-            for g in n.gpus:
-                if g.job is not None and g.job not in mine:
-                    g.job = OTHER_TENANT
-    view.allocations = [a for a in view.allocations if a.job_id in mine]
-    return view
+    """The cluster as a user sees it: GPUs of other tenants' jobs show as busy but unnamed, their allocations go.
+    A new view: the parts it changes are copies (the given view's parts are shared with later ones)."""
+
+    def hidden(n: NodeView) -> NodeView:
+        if all(g.job is None or g.job in mine for g in n.gpus):
+            return n
+        gpus = [g if g.job is None or g.job in mine else msgspec.structs.replace(g, job=OTHER_TENANT) for g in n.gpus]
+        return msgspec.structs.replace(n, gpus=gpus)
+
+    domains = [msgspec.structs.replace(d, nodes=[hidden(n) for n in d.nodes]) for d in view.domains]
+    allocations = [a for a in view.allocations if a.job_id in mine]
+    return msgspec.structs.replace(view, domains=domains, allocations=allocations)

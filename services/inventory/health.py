@@ -44,7 +44,16 @@ from shared.health import (
     verdicts,
 )
 from shared.metrics import gauge_text
-from shared.schemas import AdminReply, NodeChanged, NodeHealthState, NodeRecord, Telemetry
+from shared.schemas import (
+    AdminReply,
+    NodeChanged,
+    NodeHealthState,
+    NodeRecord,
+    Telemetry,
+    TelemetryBatch,
+    TelemetryMessage,
+    encode,
+)
 from shared.store import Store
 
 # Reports (telemetry samples, heartbeats, registrations) are handled in batches; a batch waits this long for
@@ -119,17 +128,18 @@ class HealthMonitor:
         self.samples = 0  # evaluated samples (count, for tests and metrics)
         self.unknown_samples = 0  # from nodes that never registered
         self.changes: Counter[tuple[str, str]] = Counter()  # (cause, new health) → GPU health changes announced
-        self._pending: list[tuple[Telemetry, Msg]] = []  # samples waiting for the next batch
+        self._pending: list[tuple[Telemetry, str]] = []  # (sample, subject)  # samples waiting for the next batch
         self._wake = asyncio.Event()
 
-    async def on_message(self, t: Telemetry, msg: Msg) -> None:
-        """Queue a sample for the next batch (the subscription's callback returns at once)."""
-        try:
-            self.check_name(t.node)
-        except ValueError as e:
-            await self.bus.dead_letter(msg.subject, msg.data, str(e))
-            return
-        self._pending.append((t, msg))
+    async def on_message(self, t: TelemetryMessage, msg: Msg) -> None:
+        """Queue a sample (or a fleet's batch of them) for the next batch; the callback returns at once."""
+        for sample in t.samples if isinstance(t, TelemetryBatch) else (t,):
+            try:
+                self.check_name(sample.node)
+            except ValueError as e:
+                await self.bus.dead_letter(msg.subject, encode(sample), str(e))
+                continue
+            self._pending.append((sample, msg.subject))
         self._wake.set()
 
     async def run(self, stop: asyncio.Event, store_errors: tuple[type[Exception], ...]) -> None:
@@ -151,7 +161,7 @@ class HealthMonitor:
             except Exception:
                 log.exception("%d telemetry samples failed; the agents' next ones are the retry", len(batch))
 
-    async def evaluate_batch(self, batch: list[tuple[Telemetry, Msg]]) -> None:
+    async def evaluate_batch(self, batch: list[tuple[Telemetry, str]]) -> None:
         """Evaluate samples (in order; several of one node step its rules in turn) under every node's lock;
         GPU health changes are written and announced. A sample that can't be its node's is dead-lettered."""
         nodes = sorted({t.node for t, _ in batch})
@@ -162,7 +172,7 @@ class HealthMonitor:
             now = self.clock()
             states: dict[str, NodeHealthState] = {}
             changed: dict[str, list[GpuChange]] = {}
-            for t, msg in batch:
+            for t, subject in batch:
                 rec, state = stored[t.node]
                 if rec is None:
                     self.unknown_samples += 1
@@ -170,7 +180,7 @@ class HealthMonitor:
                 try:
                     check_sample(t, rec)
                 except TelemetryError as e:
-                    await self.bus.dead_letter(msg.subject, msg.data, str(e))
+                    await self.bus.dead_letter(subject, encode(t), str(e))
                     continue
                 state = states.get(t.node) or state or NodeHealthState()
                 states[t.node] = state

@@ -76,7 +76,8 @@ from shared.schemas import (
     MoveOrder,
     NodeChanged,
     NodeGpus,
-    Telemetry,
+    TelemetryBatch,
+    TelemetryMessage,
     encode,
 )
 from shared.topology_view import TopologyView
@@ -226,8 +227,10 @@ class MigrationService(Service):
         if isinstance(ev, JobEvent):
             await self.on_job_event(ev)
 
-    async def on_telemetry(self, t: Telemetry, _msg: Any) -> None:
-        self.heat[t.node] = (self.now(), HeatSums.of((g.util, g.temp_c) for g in t.gpus if not g.lost))
+    async def on_telemetry(self, t: TelemetryMessage, _msg: Any) -> None:
+        now = self.now()
+        for sample in t.samples if isinstance(t, TelemetryBatch) else (t,):
+            self.heat[sample.node] = (now, HeatSums.of((g.util, g.temp_c) for g in sample.gpus if not g.lost))
 
     async def on_job_event(self, ev: JobEvent) -> None:
         """Advance the job's move by the queue's transitions (idempotent: a step is recorded once). Only the

@@ -442,3 +442,24 @@ async def test_fleet_registers_every_node_and_runs_commands(harness: Harness) ->
         return fleet.misrouted == 1
 
     await wait_until(misrouted, "the command for a node the fleet doesn't run")
+
+
+async def test_fleet_shards_take_only_their_own_nodes_commands_and_send_reports_in_batches(harness: Harness) -> None:
+    h = harness
+    inv = await h.inventory(FakeClock())
+    shards = [
+        AgentFleet(await h.connect("agent"), sim_fleet(1, nodes_per_domain=18, first_domain=d), shard=f"d{d}")
+        for d in (0, 1)
+    ]
+    for fleet in shards:
+        await h.start(fleet)
+        await asyncio.wait_for(fleet.ready.wait(), WAIT_S)
+    for node in ("d00-n00", "d00-n17", "d01-n00", "d01-n17"):
+        assert (await wait_record(inv, node)).state == "up"
+    await command(h, start(py("pass"), job="job-1", node="d01-n02"), node="d01-n02")
+    (_, exited) = await wait_exit(h, "job-1")
+    assert isinstance(exited, RankExited) and (exited.node, exited.exit_code) == ("d01-n02", 0)
+    assert [f.misrouted for f in shards] == [0, 0]  # shard d0's consumer never took d01-n02's command
+    # 18 nodes' registrations went out as one message, and their beats share messages by slot of the period
+    reports = sum(a.beats + a.samples for f in shards for a in f.agents.values())
+    assert 0 < sum(f.sent for f in shards) < reports

@@ -23,7 +23,7 @@ from services.agent.fleet import AgentFleet, sim_fleet
 from services.agent.service import AgentService
 from services.inventory.service import InventoryService
 from shared.core.topology import GpuState
-from shared.schemas import ADMIN_REPLY, Fault, GpuSample, NodeAdmin, NodeChanged, Telemetry, encode
+from shared.schemas import ADMIN_REPLY, Fault, GpuSample, NodeAdmin, NodeChanged, Telemetry, TelemetryBatch, encode
 from shared.settings import Settings
 from shared.topology_view import topology_from_records
 from tests.integration.test_inventory import (
@@ -226,12 +226,25 @@ async def test_malformed_telemetry_is_dead_lettered_and_the_consumer_goes_on(har
     await send(h, h.names.telemetry(d.agent.node), bad_gpu)
     await send(h, h.names.telemetry(d.agent.node), b"\x93not msgpack")
     await send(h, h.names.telemetry("bad"), encode(Telemetry(node="bad name!", at=0.0)))
+    # a fleet's batch: the bad sample alone is dead-lettered, the good one is evaluated
+    good = d.agent.next_sample()
+    assert good is not None
+    before = d.inv.health.samples
+    unnamed = Telemetry(node="bad name 2", at=0.0)
+    await send(h, h.names.telemetry_batch("fleet"), TelemetryBatch(samples=[unnamed, good]))
 
     async def letters() -> list[Any] | None:
         got = await stream_messages(h, h.names.dead_letter("inventory"), DEAD_LETTERS)
-        return got if len(got) >= 3 else None
+        return got if len(got) >= 4 else None
 
-    errors = sorted(dl.error for dl in await wait_until(letters, "3 dead letters"))
+    dead = await wait_until(letters, "4 dead letters")
+    errors = sorted(dl.error for dl in dead)
     assert any("gpus[].index" in e and "0..3" in e for e in errors)
-    assert any(e.startswith("node:") for e in errors)
+    assert sum(e.startswith("node:") for e in errors) == 2
+    assert encode(unnamed) in [dl.data for dl in dead]  # the one sample, not the batch
+
+    async def evaluated_good() -> bool:
+        return d.inv.health.samples > before
+
+    await wait_until(evaluated_good, "the batch's good sample evaluated")
     await d.samples(1)  # still evaluating

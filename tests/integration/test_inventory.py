@@ -34,6 +34,7 @@ from shared.schemas import (
     EVENTS,
     AdminReply,
     AgentRegister,
+    AgentReports,
     DeadLetter,
     GpuReport,
     Heartbeat,
@@ -449,6 +450,22 @@ async def test_malformed_reports_are_dead_lettered_and_service_goes_on(harness: 
     # still serving
     rec = await registered(h, inv, "d00-n09")
     assert rec.state == "up"
+    assert await inv.store.get_node("bad.name") is None
+
+
+async def test_a_fleets_batch_of_reports_counts_as_each_and_a_bad_one_is_dead_lettered_alone(harness: Harness) -> None:
+    h, clock = harness, FakeClock()
+    inv = await h.inventory(clock)
+    regs = [register_msg("d01-n00"), register_msg("bad.name"), register_msg("d01-n01")]
+    batch = AgentReports(reports=[*regs, Heartbeat(node="d01-n00", at=clock.t)])
+    await send(h, h.names.agent_heartbeat, batch)
+    for node in ("d01-n00", "d01-n01"):
+        assert (await wait_record(inv, node)).state == "up"
+    (letter,) = await wait_for_messages(
+        h, h.names.dead_letter("inventory"), DEAD_LETTERS, lambda m: len(m) == 1, "the bad report's dead letter"
+    )
+    assert letter.error.startswith("reports[1]: node: 'bad.name'")
+    assert letter.data == encode(register_msg("bad.name"))  # the one report, not the whole batch
     assert await inv.store.get_node("bad.name") is None
 
 
