@@ -9,7 +9,7 @@ log, data) in a temp dir that `stop()` removes.
 
 `kill()` + `restart()` keep the port and the JetStream store, so tests can crash the server and check what
 survived. `EmbeddedValkey(replica_of=port)` and `EmbeddedSentinel` make a primary + replicas + Sentinels set on
-loopback (Sentinel is valkey-server in sentinel mode).
+loopback (Sentinel is valkey-server in sentinel mode); `EmbeddedValkey(cluster=True)` is a Redis Cluster node.
 """
 
 from __future__ import annotations
@@ -375,20 +375,42 @@ class EmbeddedNats(_EmbeddedServer):
 class EmbeddedValkey(_EmbeddedServer):
     """valkey-server on 127.0.0.1 without persistence (no RDB snapshots, no AOF): data lives in memory only.
 
-    `replica_of`: the port of a primary on 127.0.0.1 this server replicates."""
+    `replica_of`: the port of a primary on 127.0.0.1 this server replicates. `cluster`: a Redis Cluster node
+    (cluster-enabled, no slots yet: whoever forms the cluster assigns them) with its bus on `bus_port`; its
+    cluster config (nodes.conf) stays in the temp dir, so a restart comes back as the same node."""
 
     kind = "valkey"
 
     def __init__(
-        self, port: int = 0, *, replica_of: int | None = None, start_timeout: float = 15.0, stop_grace: float = 5.0
+        self,
+        port: int = 0,
+        *,
+        replica_of: int | None = None,
+        cluster: bool = False,
+        start_timeout: float = 15.0,
+        stop_grace: float = 5.0,
     ) -> None:
         super().__init__(port, start_timeout=start_timeout, stop_grace=stop_grace)
         self.binary = find_valkey_server()
         self.replica_of = replica_of
+        self.cluster = cluster
+        self._bus_port: int | None = None
 
     @property
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
+
+    @property
+    def bus_port(self) -> int:
+        if self._bus_port is None:
+            raise RuntimeError("no cluster bus port: not a cluster node, or not started yet")
+        return self._bus_port
+
+    def _prepare(self, retry: bool) -> None:
+        # The bus port is picked, not port + 10000 (Valkey's default): that one may be taken or past 65535.
+        if self.cluster and (self._bus_port is None or retry):
+            self._bus_port = _free_port()
+            (self.tmp_dir / "nodes.conf").unlink(missing_ok=True)  # it names the ports of the failed attempt
 
     def _command(self, port: int) -> list[str]:
         options = {
@@ -403,6 +425,9 @@ class EmbeddedValkey(_EmbeddedServer):
         cmd = [str(self.binary), *(arg for key, value in options.items() for arg in (f"--{key}", value))]
         if self.replica_of is not None:
             cmd += ["--replicaof", self.host, str(self.replica_of)]
+        if self.cluster:
+            cmd += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+            cmd += ["--cluster-port", str(self.bus_port)]
         return cmd
 
     def _probe(self, sock: socket.socket, reader: BinaryIO) -> bool:

@@ -8,9 +8,15 @@ The URL is one of
   set (port 26379 unless given) watching the primary named `service`. Each new connection asks the Sentinels
   where the primary is, so the client follows a failover; a primary demoted to a replica (READONLY) counts
   as a broken connection. The user and password are the data nodes' (primary and replicas); the options
-  `sentinel_username` / `sentinel_password` give the Sentinels' own where they require auth.
+  `sentinel_username` / `sentinel_password` give the Sentinels' own where they require auth;
+- `redis+cluster://[[user]:password@]host[:port],host[:port],...[/0][?option=value&...]`: a Redis Cluster (port
+  6379 unless given), read by redis-py's `RedisCluster`. The nodes listed are where the client starts: it asks
+  them for the slot map and then talks to every primary itself, following MOVED/ASK redirects and a failover
+  (CLUSTERDOWN is retried too). A cluster has db 0 only. Every key of a cell shares the hash tag `{cell}`
+  (`shared.names`), so the cell lives in one slot: its scripts, MULTI/EXEC pipelines and multi-key commands
+  stay on one node, as on one server.
 
-Options for both forms: `socket_timeout` (s, default `SOCKET_TIMEOUT_S`: a read that hangs on a dead host
+Options for every form: `socket_timeout` (s, default `SOCKET_TIMEOUT_S`: a read that hangs on a dead host
 ends) and `socket_connect_timeout` (s, default `CONNECT_TIMEOUT_S`). `parse_redis_url` is the one parser
 (`shared.settings` validates with it); `redis_client` builds the client.
 
@@ -20,7 +26,9 @@ closed: a restart, `CLIENT KILL`, a failover, a server still loading its data) o
 tries), well under 1.5 s in all before the error surfaces. Without it, redis-py's `from_url` clients don't retry
 at all, and every connection in a pool broken by a restart fails one command in its turn: a gateway with a
 large idle pool answered 503 for 20+ s after Redis was back. No `health_check_interval`: the retry covers a
-connection that broke while idle without a PING before every command.
+connection that broke while idle without a PING before every command. A cluster client retries at its own
+level instead (redis-py gives its connections no retry of their own): the same errors plus CLUSTERDOWN, with
+the same backoff and count, and a fresh slot map when a node fails.
 
 After such an error the client can't tell whether the command ran, so the retry is only safe for commands
 that may run twice: every command `shared.store.Store` sends is (its "Retry safety" note says why, family by
@@ -35,15 +43,18 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 
-__all__ = ["RedisTarget", "parse_redis_url", "redis_client", "retry_policy"]
+__all__ = ["RedisClient", "RedisTarget", "parse_redis_url", "redis_client", "retry_policy"]
 
 SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_SCHEME = "redis+sentinel"
 SENTINEL_PORT = 26379
+CLUSTER_SCHEME = "redis+cluster"
+CLUSTER_PORT = 6379
 RETRIES = 3  # tries after the first; connecting retries on its own too (redis-py), both with this backoff
 BACKOFF_BASE_S = 0.02
 BACKOFF_CAP_S = 0.25
@@ -51,12 +62,17 @@ CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 10.0
 _TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
 _SENTINEL_OPTIONS = (*_TIMEOUTS, "sentinel_username", "sentinel_password")
-_FORMS = f"{'|'.join(SCHEMES)}|{SENTINEL_SCHEME}"
+_FORMS = f"{'|'.join(SCHEMES)}|{SENTINEL_SCHEME}|{CLUSTER_SCHEME}"
+
+# What `redis_client` returns: one server's (or a Sentinel set's primary's) client, or a cluster's. Both take
+# the same commands for keys of one slot, which is all `shared.store.Store` sends.
+RedisClient = aioredis.Redis | RedisCluster
 
 
 @dataclass(frozen=True, slots=True)
 class RedisTarget:
-    """Where a Redis URL points: one server (`sentinels` empty; redis-py reads `url`), or a Sentinel set."""
+    """Where a Redis URL points: one server (`sentinels` and `nodes` empty; redis-py reads `url`), a Sentinel
+    set, or a cluster (`nodes`: where the client starts)."""
 
     url: str
     sentinels: tuple[tuple[str, int], ...] = ()
@@ -65,10 +81,15 @@ class RedisTarget:
     username: str | None = None
     password: str | None = None
     options: Mapping[str, str] = field(default_factory=dict)
+    nodes: tuple[tuple[str, int], ...] = ()
 
     @property
     def sentinel(self) -> bool:
         return bool(self.sentinels)
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.nodes)
 
 
 def parse_redis_url(url: str) -> RedisTarget:
@@ -79,17 +100,26 @@ def parse_redis_url(url: str) -> RedisTarget:
         if not (parts.netloc or parts.path):
             raise ValueError(f"is not a {_FORMS} URL")
         return RedisTarget(url=url.strip())
-    if parts.scheme != SENTINEL_SCHEME:
+    if parts.scheme not in (SENTINEL_SCHEME, CLUSTER_SCHEME):
         raise ValueError(f"is not a {_FORMS} URL")
+    sentinel = parts.scheme == SENTINEL_SCHEME
     userinfo, _, hosts = parts.netloc.rpartition("@")
     username, password = None, None
     if userinfo:
         user, colon, secret = userinfo.partition(":")
         username, password = unquote(user) or None, unquote(secret) if colon else None
-    sentinels = tuple(_host_port(h) for h in hosts.split(",") if h.strip())
-    if not sentinels:
-        raise ValueError(f"names no Sentinel ({SENTINEL_SCHEME}://host:port,host:port/service/db)")
+    what, default_port = ("Sentinel", SENTINEL_PORT) if sentinel else ("cluster node", CLUSTER_PORT)
+    addresses = tuple(_host_port(h, what, default_port) for h in hosts.split(",") if h.strip())
     path = [p for p in parts.path.split("/") if p]
+    if not sentinel:
+        if not addresses:
+            raise ValueError(f"names no cluster node ({CLUSTER_SCHEME}://host:port,host:port)")
+        if path not in ([], ["0"]):
+            raise ValueError(f"names a path, but a cluster has db 0 only: {CLUSTER_SCHEME}://hosts[/0]")
+        options = _options(parts.query, _TIMEOUTS)
+        return RedisTarget(url.strip(), username=username, password=password, options=options, nodes=addresses)
+    if not addresses:
+        raise ValueError(f"names no Sentinel ({SENTINEL_SCHEME}://host:port,host:port/service/db)")
     if not path or len(path) > 2:
         raise ValueError(f"must name the service and optionally the db: {SENTINEL_SCHEME}://hosts/service[/db]")
     service, db = unquote(path[0]), 0
@@ -97,18 +127,23 @@ def parse_redis_url(url: str) -> RedisTarget:
         if not path[1].isdigit():
             raise ValueError(f"db {path[1]!r} is not an integer >= 0")
         db = int(path[1])
+    options = _options(parts.query, _SENTINEL_OPTIONS)
+    return RedisTarget(url.strip(), addresses, service, db, username, password, options)
+
+
+def _options(query: str, known: tuple[str, ...]) -> dict[str, str]:
     options: dict[str, str] = {}
-    for key, values in parse_qs(parts.query, keep_blank_values=True).items():
-        if key not in _SENTINEL_OPTIONS:
-            raise ValueError(f"has an unknown option {key!r} (known: {', '.join(_SENTINEL_OPTIONS)})")
+    for key, values in parse_qs(query, keep_blank_values=True).items():
+        if key not in known:
+            raise ValueError(f"has an unknown option {key!r} (known: {', '.join(known)})")
         options[key] = values[-1]
     for key in _TIMEOUTS:
         if key in options:
             _seconds(key, options[key])
-    return RedisTarget(url.strip(), sentinels, service, db, username, password, options)
+    return options
 
 
-def _host_port(raw: str) -> tuple[str, int]:
+def _host_port(raw: str, what: str, default_port: int) -> tuple[str, int]:
     raw = raw.strip()
     if raw.startswith("["):  # [IPv6]:port
         host, _, rest = raw[1:].partition("]")
@@ -116,11 +151,11 @@ def _host_port(raw: str) -> tuple[str, int]:
     else:
         host, _, port = raw.partition(":")
     if not host:
-        raise ValueError(f"Sentinel {raw!r} has no host")
+        raise ValueError(f"{what} {raw!r} has no host")
     if not port:
-        return host, SENTINEL_PORT
+        return host, default_port
     if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"Sentinel {raw!r} has no valid port")
+        raise ValueError(f"{what} {raw!r} has no valid port")
     return host, int(port)
 
 
@@ -152,7 +187,7 @@ class SentinelRedis(aioredis.Redis):
                 await s.aclose()
 
 
-def redis_client(url: str, **kwargs: Any) -> aioredis.Redis:
+def redis_client(url: str, **kwargs: Any) -> RedisClient:
     """A client for `url` (see the module's doc) with reconnection and retry; `kwargs` go to redis-py (say,
     `decode_responses`). Connects lazily: nothing happens on the network until the first command."""
     target = parse_redis_url(url)
@@ -162,12 +197,17 @@ def redis_client(url: str, **kwargs: Any) -> aioredis.Redis:
         "socket_timeout": SOCKET_TIMEOUT_S,
         **kwargs,
     }
-    if not target.sentinel:
+    if not (target.sentinel or target.cluster):
         return aioredis.from_url(target.url, **common)  # options in the URL win over these defaults
     opts = target.options
     for key in _TIMEOUTS:
         if key in opts:
             common[key] = _seconds(key, opts[key])
+    auth = {k: v for k, v in (("username", target.username), ("password", target.password)) if v is not None}
+    if target.cluster:
+        # `retry` is the cluster client's own: it retries a command or pipeline whole, after a fresh slot map
+        nodes = [ClusterNode(host, port) for host, port in target.nodes]
+        return RedisCluster(startup_nodes=nodes, **auth, **common)
     # the Sentinels: one try each (discovery moves on to the next one), same timeouts
     sentinel_kwargs: dict[str, Any] = {key: common[key] for key in _TIMEOUTS}
     sentinel_kwargs["retry"] = Retry(NoBackoff(), 0)
@@ -175,7 +215,6 @@ def redis_client(url: str, **kwargs: Any) -> aioredis.Redis:
         sentinel_kwargs["username"] = opts["sentinel_username"]
     if "sentinel_password" in opts:
         sentinel_kwargs["password"] = opts["sentinel_password"]
-    auth = {k: v for k, v in (("username", target.username), ("password", target.password)) if v is not None}
     sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=sentinel_kwargs, db=target.db, **auth, **common)
     client = sentinel.master_for(target.service, redis_class=SentinelRedis)
     client.sentinel = sentinel

@@ -93,7 +93,8 @@ def _redis_url(raw: str) -> str:
 
 
 _REDIS_URL = _Parser(
-    "URL (redis:// | rediss:// | unix:// | redis+sentinel://host:port,host:port/service/db); "
+    "URL (redis:// | rediss:// | unix:// | redis+sentinel://host:port,host:port/service/db | "
+    "redis+cluster://host:port,host:port); "
     "unset: start an embedded server",
     _redis_url,
 )
@@ -146,8 +147,8 @@ class Settings:
         "RACKSCALE_REDIS_URL",
         _REDIS_URL,
         None,
-        "Redis/Valkey: one server, or a Sentinel set as redis+sentinel://h1:26379,h2:26379/mymaster/0 "
-        "(shared.redis_client); unset: embedded valkey-server",
+        "Redis/Valkey: one server, a Sentinel set as redis+sentinel://h1:26379,h2:26379/mymaster/0 or a cluster "
+        "as redis+cluster://h1:6379,h2:6379 (shared.redis_client); unset: embedded valkey-server",
     )
     cell: str = _env("RACKSCALE_CELL", _cell, "c0", "scheduling cell, used as the Redis hash tag {cell}", kind="name")
     prefix: str = _env(

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline
 
 from shared.bus import Retry
 from shared.names import Names
-from shared.redis_client import redis_client
+from shared.redis_client import RedisClient, redis_client
 from shared.schemas import (
     ALLOCATION_RECORD,
     JOB_RECORD,
@@ -56,6 +56,9 @@ from shared.schemas import (
 #   skipped as if another writer had won.
 # - EVALSHA after a restart or failover: NOSCRIPT means it didn't run; redis-py loads the script and runs it.
 # - WATCH/MULTI: redis-py never retries while watching; nothing here watches (the job CAS is one script).
+# - On a cluster the client also retries CLUSTERDOWN and follows MOVED/ASK: answers that the command didn't run.
+#   Every command, pipeline and script here touches keys of one cell, one slot (shared.names): one node runs
+#   it whole, as one server does.
 
 # The view's clock, counted up by every commit and job write: a writer that saw it further on than Redis has it
 # finds Redis went back in time (a stale replica promoted, a copy restored) before it writes anything, and marks
@@ -220,7 +223,7 @@ class CommitResult:
 class Store:
     """Typed access to one cell's keys. Explicit dependency: built from a client and `Names`."""
 
-    def __init__(self, client: aioredis.Redis, names: Names) -> None:
+    def __init__(self, client: RedisClient, names: Names) -> None:
         self.r = client
         self.names = names
         self._commit = client.register_script(COMMIT_LUA)
@@ -234,7 +237,8 @@ class Store:
 
     @classmethod
     def from_url(cls, url: str, names: Names) -> Store:
-        """A store on `url`: one server or a Sentinel set (`shared.redis_client`), with reconnection and retry."""
+        """A store on `url`: one server, a Sentinel set or a cluster (`shared.redis_client`), with reconnection and
+        retry."""
         return cls(redis_client(url, decode_responses=False), names)
 
     async def close(self) -> None:
@@ -276,7 +280,9 @@ class Store:
             return []
         n = self.names
         async with self.r.pipeline(transaction=False) as p:
-            p.mget([n.node_key(x) for x in names])
+            # MGET by name: redis-py refuses `mget` in a cluster pipeline, as its keys could span slots; a cell's
+            # keys share one (the hash tag), so the cluster sends it to that slot's node like any other command
+            p.execute_command("MGET", *[n.node_key(x) for x in names])
             p.zmscore(n.heartbeats_key, list(names))
             raws, seen = await p.execute()
         out: list[NodeRecord | None] = []
@@ -636,7 +642,7 @@ def _job_indexes(rec: JobRecord) -> tuple[bool, bool]:
     return rec.state not in TERMINAL, rec.state is JobState.PENDING and rec.inflight_since is None
 
 
-def _index_job(p: Pipeline, n: Names, rec: JobRecord) -> None:
+def _index_job(p: Pipeline | ClusterPipeline, n: Names, rec: JobRecord) -> None:
     """The job's membership of the active and undecided sets, in the same transaction as its record."""
     active, undecided = _job_indexes(rec)
     (p.sadd if active else p.srem)(n.active_jobs_key, rec.id)

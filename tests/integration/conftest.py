@@ -1,7 +1,8 @@
 """Real NATS (JetStream) and Redis for integration tests.
 
 With RACKSCALE_NATS_URL / RACKSCALE_REDIS_URL set, tests use those servers (compose, CI services, a dev
-machine); otherwise one embedded nats-server and one valkey-server are started for the whole session.
+machine); otherwise one embedded nats-server and one valkey-server are started for the whole session. Tests
+that also run on a Redis Cluster ask for `redis_cluster_url`: three embedded Valkey primaries.
 A shared server may hold other data, so every test works under its own `namespace` prefix: stream names,
 subjects and Redis keys start with it, and the client fixtures delete what is under it at teardown.
 """
@@ -27,6 +28,7 @@ from shared.runtime import Deps
 from shared.schemas import NodeRecord
 from shared.settings import Settings
 from shared.store import Store, ViewMark
+from tests.servers import ValkeyCluster
 
 _JS_API = "$JS.API"
 
@@ -51,6 +53,14 @@ def redis_url() -> Iterator[str]:
         return
     with EmbeddedValkey() as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """URL (`redis+cluster://`) of a Valkey Cluster of three primaries on loopback, started for the session when a
+    test first asks for it (whatever RACKSCALE_REDIS_URL names: the cluster runs are in addition to it)."""
+    with ValkeyCluster() as cluster:
+        yield cluster.url
 
 
 @pytest.fixture

@@ -15,10 +15,13 @@ import pytest
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 from nats.js.api import AckPolicy, ConsumerConfig, StorageType, StreamConfig
+from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from shared.embedded import EmbeddedNats, EmbeddedValkey, ServerStartError
+from shared.redis_client import redis_client as make_redis_client
 from tests.integration.conftest import delete_nats_namespace
+from tests.servers import ValkeyCluster, wait_for
 
 pytestmark = pytest.mark.asyncio
 
@@ -172,6 +175,28 @@ async def test_embedded_valkey_restarts_on_same_port_empty() -> None:
         client = aioredis.from_url(server.url, decode_responses=True)
         try:
             assert await client.get("k") is None
+        finally:
+            await client.aclose()
+
+
+async def test_a_valkey_cluster_splits_the_slots_among_its_primaries_and_takes_a_restarted_one_back() -> None:
+    with ValkeyCluster() as cluster:
+        client = make_redis_client(cluster.url, decode_responses=True)
+        try:
+            await client.set("k:{c0}", "v")  # the client reads the slot map from the nodes the URL lists
+            shards = await client.cluster_shards(target_nodes=RedisCluster.RANDOM)
+            ranges = sorted(tuple(r) for shard in shards for r in shard["slots"])
+            assert ranges == [(0, 5460), (5461, 10921), (10922, 16383)]
+            ports = {n["port"] for shard in shards for n in shard["nodes"]}
+            assert ports == {n.port for n in cluster.nodes}
+            assert all(n["role"] == "master" for shard in shards for n in shard["nodes"])
+
+            owner = client.get_node_from_key("k:{c0}")
+            node = next(n for n in cluster.nodes if n.port == owner.port)
+            node.kill()
+            node.restart()  # its nodes.conf kept: the same node, with its slots, on the same ports (empty)
+            assert await wait_for(lambda: client.set("k:{c0}", "again"), "the restarted node back in the cluster")
+            assert client.get_node_from_key("k:{c0}").port == node.port
         finally:
             await client.aclose()
 

@@ -1,16 +1,34 @@
-"""The commit and release scripts against a real Redis/Valkey."""
+"""The commit and release scripts against a real Redis/Valkey: each test twice, on the session's server (embedded,
+or RACKSCALE_REDIS_URL) and on a Valkey Cluster of three primaries, where every key of a cell is in one slot."""
 
 from __future__ import annotations
 
 import msgspec
 import pytest
+from redis.crc import key_slot
 
-from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, NodeRecord
+from shared.schemas import (
+    AllocationRecord,
+    JobBody,
+    JobRecord,
+    JobState,
+    MigrationRecord,
+    NodeGpus,
+    NodeHealthState,
+    NodeRecord,
+    Reservations,
+)
 from shared.store import ViewMark
 from tests.integration.conftest import open_store
 from tests.servers import snapshot, swap_in
 
 pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(params=["server", "cluster"])
+def redis_url(request: pytest.FixtureRequest, redis_url: str) -> str:
+    # the cluster starts only when a cluster case runs (`-k server` leaves it off)
+    return redis_url if request.param == "server" else str(request.getfixturevalue("redis_cluster_url"))
 
 
 def _rec(job: str, attempt: int, gpus: list[int]) -> AllocationRecord:
@@ -131,6 +149,61 @@ async def test_a_position_is_never_recorded_onto_a_stale_copy(redis_url: str, na
         await store.see_view_clock()  # the copy's clock is older than the one seen: nothing newer is taken in
         assert not await store.record_view(ViewMark(3, 3))
         assert await store.view_status() == ("behind", ViewMark(1, 1))
+    finally:
+        await store.r.delete(*[k async for k in store.r.scan_iter(store.names.key_pattern)])
+        await store.close()
+
+
+async def test_every_other_read_and_write_of_a_cell(redis_url: str, namespace: str) -> None:
+    """The store's families the tests above don't reach: node reads (a pipelined MGET), heartbeats, health states
+    (MSET), reservations, job listing and restoring (pipelines), allocation restoring (MULTI/EXEC) and reads (a
+    script over many keys), moves. On a cluster they all reach the cell's one slot, whose keys are all there."""
+    store = await open_store(redis_url, namespace)
+    n = store.names
+    spec = JobBody(name="j", tenant="t", gpus=4)
+    try:
+        await store.put_node(NodeRecord(name="d00-n01", domain="d00", last_heartbeat=5.0))
+        await store.touch_nodes({"d00-n00": 10.0, "d00-n01": 3.0})  # GT: n01 keeps its later beat
+        got = await store.get_nodes(["d00-n01", "nope", "d00-n00"])
+        assert [r.last_heartbeat if r else None for r in got] == [5.0, None, 10.0]
+        assert [r.name for r in await store.nodes()] == ["d00-n00", "d00-n01"]
+        assert await store.node_states(["d00-n00", "nope"]) == ["up", None]
+        assert await store.silent_nodes(before=6.0) == ["d00-n01"]
+        assert await store.topology_generation() == 2
+        await store.put_health_states({"d00-n00": NodeHealthState(), "d00-n01": NodeHealthState()})
+        health = await store.nodes_with_health(["d00-n00", "nope"])
+        assert health["d00-n00"][1] == NodeHealthState() and health["nope"] == (None, None)
+        await store.delete_health_state("d00-n01")
+        assert (await store.nodes_with_health(["d00-n01"]))["d00-n01"][1] is None
+        await store.put_reservations(Reservations(at=1.0, reserved=["a"]))
+        assert await store.reservations() == Reservations(at=1.0, reserved=["a"])
+
+        jobs = [JobRecord(id=f"j{i}", spec=spec, submitted_at=float(i)) for i in range(3)]
+        await store.restore_jobs([*jobs[:2], msgspec.structs.replace(jobs[2], state=JobState.SUCCEEDED)])
+        assert await store.active_job_ids() == ["j0", "j1"] and await store.undecided_job_ids() == {"j0", "j1"}
+        page, total = await store.list_jobs(state=JobState.PENDING, offset=1, limit=5)
+        assert ([r.id for r in page], total) == (["j1"], 2)
+        assert [r.id for r in await store.get_jobs(["j2", "nope", "j0"])] == ["j2", "j0"]
+
+        held = {j: _rec(j, 1, [g]) for j, g in (("j0", 0), ("j1", 1))}
+        await store.restore_allocations(held, {"j0": 1, "j1": 1, "j2": 3})
+        assert sorted(a.job_id for a in await store.allocations()) == ["j0", "j1"]
+        assert await store.gpu_owners("d00-n00") == {0: "j0", 1: "j1"}
+        assert not (await store.commit(_rec("j2", 3, [2]))).ok  # the floor restored with it
+        await store.restore_allocations({"j1": held["j1"]}, {})  # j0's goes, j1's stays
+        assert [a.job_id for a in await store.allocations()] == ["j1"]
+        assert await store.gpu_owners("d00-n00") == {1: "j1"}
+
+        for i, at in enumerate((1.0, 2.0)):
+            move = MigrationRecord(
+                id=f"m{i}", job_id="j1", tenant="t", kind="defrag", why="", attempt=1, source=[], target=[]
+            )
+            await store.put_migration(msgspec.structs.replace(move, created_at=at))
+        page_m, total_m = await store.list_migrations(job_id="j1")
+        assert ([m.id for m in page_m], total_m) == (["m1", "m0"], 2)
+
+        keys = [k async for k in store.r.scan_iter(n.key_pattern)]
+        assert len(keys) >= 20 and {key_slot(k) for k in keys} == {key_slot(n.cell.encode())}
     finally:
         await store.r.delete(*[k async for k in store.r.scan_iter(store.names.key_pattern)])
         await store.close()

@@ -3,11 +3,16 @@ the clients connect lazily, so building one touches no network."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.crc import key_slot
 
 from shared.names import Names
 from shared.redis_client import (
+    CLUSTER_PORT,
     CONNECT_TIMEOUT_S,
     RETRIES,
     SENTINEL_PORT,
@@ -43,11 +48,39 @@ def test_a_sentinel_url_names_the_sentinels_the_service_and_the_db() -> None:
     )
 
 
+def test_a_cluster_url_names_the_nodes_to_start_from() -> None:
+    t = parse_redis_url("redis+cluster://:s3cret@n1:7000,n2,[::1]:7002?socket_timeout=1.5")
+    assert t.cluster and not t.sentinel
+    assert t.nodes == (("n1", 7000), ("n2", CLUSTER_PORT), ("::1", 7002))
+    assert (t.username, t.password, dict(t.options)) == (None, "s3cret", {"socket_timeout": "1.5"})
+    t = parse_redis_url("redis+cluster://app:pw%40x@n1/0")  # db 0 may be named: a cluster has no other
+    assert (t.nodes, t.username, t.password) == ((("n1", CLUSTER_PORT),), "app", "pw@x")
+
+
 @pytest.mark.parametrize(
     ("url", "reason"),
     [
-        ("nats://127.0.0.1:4222", "is not a redis|rediss|unix|redis+sentinel URL"),
-        ("redis:", "is not a redis|rediss|unix|redis+sentinel URL"),
+        ("redis+cluster://", "names no cluster node"),
+        ("redis+cluster:///0", "names no cluster node"),
+        ("redis+cluster://n1/1", "a cluster has db 0 only"),
+        ("redis+cluster://n1/mymaster/0", "a cluster has db 0 only"),
+        ("redis+cluster://n1:70000", "cluster node 'n1:70000' has no valid port"),
+        ("redis+cluster://:7000", "cluster node ':7000' has no host"),
+        ("redis+cluster://n1?sentinel_password=x", "unknown option 'sentinel_password'"),
+        ("redis+cluster://n1?socket_timeout=-1", "option socket_timeout must be > 0"),
+    ],
+)
+def test_bad_cluster_urls_say_what_is_wrong(url: str, reason: str) -> None:
+    with pytest.raises(ValueError) as err:
+        parse_redis_url(url)
+    assert reason in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        ("nats://127.0.0.1:4222", "is not a redis|rediss|unix|redis+sentinel|redis+cluster URL"),
+        ("redis:", "is not a redis|rediss|unix|redis+sentinel|redis+cluster URL"),
         ("redis+sentinel:///mymaster", "names no Sentinel"),
         ("redis+sentinel://s1:26379", "must name the service"),
         ("redis+sentinel://s1:26379/m/0/x", "must name the service"),
@@ -110,3 +143,47 @@ async def test_the_store_is_built_on_such_a_client() -> None:
         assert isinstance(store.r, SentinelRedis)
     finally:
         await store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_cluster_client_starts_from_the_nodes_and_retries_at_its_own_level() -> None:
+    client = redis_client("redis+cluster://:pw@n1:7000,n2?socket_connect_timeout=0.5")
+    try:
+        assert isinstance(client, RedisCluster)
+        assert client.retry.get_retries() == RETRIES  # redis-py gives the nodes' connections none of their own
+        nodes = client.nodes_manager.startup_nodes.values()
+        assert sorted((n.host, n.port) for n in nodes) == [("n1", 7000), ("n2", CLUSTER_PORT)]
+        kw = [n.connection_kwargs for n in nodes]
+        assert all(k["password"] == "pw" for k in kw)
+        assert all((k["socket_timeout"], k["socket_connect_timeout"]) == (SOCKET_TIMEOUT_S, 0.5) for k in kw)
+    finally:
+        await client.aclose()
+    store = Store.from_url("redis+cluster://n1", Names(prefix="t"))
+    try:
+        assert isinstance(store.r, RedisCluster)
+    finally:
+        await store.close()
+
+
+def _redis_keys(names: Names) -> dict[str, str]:
+    """Every Redis key `Names` makes: its `*_key` properties, its `*_key(...)` methods (with an awkward argument)
+    and the cell's pattern."""
+    keys: dict[str, str] = {}
+    for attr in dir(Names):
+        if (attr.endswith("_key") and not attr.startswith("_")) or attr == "key_pattern":
+            value = getattr(names, attr)
+            keys[attr] = value if isinstance(value, str) else value("n{1}:x")
+    return keys
+
+
+@pytest.mark.parametrize("cell", ["c0", "C", "rack-07_b", "x" * 64])
+def test_every_key_of_a_cell_hashes_to_one_cluster_slot(cell: str) -> None:
+    # one slot: the commit and job scripts, and the MULTI/EXEC pipelines, may touch any of a cell's keys together
+    names = Names(prefix="rackscale", cell=cell)
+    keys = _redis_keys(names)
+    assert len(keys) >= 20 and {"job_key", "alloc_key", "gpus_key", "view_key", "key_pattern"} <= set(keys)
+    slots = {name: key_slot(key.encode()) for name, key in keys.items()}
+    assert set(slots.values()) == {key_slot(cell.encode())}, slots
+    # the prefix doesn't move a cell: two deployments' same cell land on one slot, so one script reaches either
+    other = dataclasses.replace(names, prefix="t1a2b3c4d")
+    assert {key_slot(k.encode()) for k in _redis_keys(other).values()} == {key_slot(cell.encode())}

@@ -117,7 +117,7 @@ def test_blank_variable_means_unset(blank: str) -> None:
         ("RACKSCALE_JAEGER_UI_URL", "javascript:alert(1)", "is not an http:// or https:// URL"),
         ("RACKSCALE_NATS_URL", "localhost:4222", "is not a nats|tls|ws|wss URL"),
         ("RACKSCALE_NATS_URL", "redis://127.0.0.1:6379", "is not a nats|tls|ws|wss URL"),
-        ("RACKSCALE_REDIS_URL", "nats://127.0.0.1:4222", "is not a redis|rediss|unix|redis+sentinel URL"),
+        ("RACKSCALE_REDIS_URL", "nats://127.0.0.1:4222", "is not a redis|rediss|unix|redis+sentinel|redis+cluster URL"),
         ("RACKSCALE_REDIS_URL", "redis+sentinel://s1:26379/", "must name the service"),
         ("RACKSCALE_CELL", "{c0}", "is not a cell name"),
         ("RACKSCALE_CELL", "c.0", "is not a cell name"),
