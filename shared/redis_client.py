@@ -47,6 +47,13 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    RedisClusterUnreachableError,
+    SlotNotCoveredError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = ["RedisClient", "RedisTarget", "parse_redis_url", "redis_client", "retry_policy"]
 
@@ -67,6 +74,16 @@ _FORMS = f"{'|'.join(SCHEMES)}|{SENTINEL_SCHEME}|{CLUSTER_SCHEME}"
 # What `redis_client` returns: one server's (or a Sentinel set's primary's) client, or a cluster's. Both take
 # the same commands for keys of one slot, which is all `shared.store.Store` sends.
 RedisClient = aioredis.Redis | RedisCluster
+
+# Redis is away (a restart, a failover, a cluster without a primary for a slot) rather than wrong: callers wait it out
+# (inventory drops periodic reports, the gateway answers 503) instead of treating it as a bug.
+UNAVAILABLE: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterDownError,
+    RedisClusterUnreachableError,
+    SlotNotCoveredError,
+)
 
 
 @dataclass(frozen=True, slots=True)

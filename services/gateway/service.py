@@ -18,7 +18,6 @@ from typing import Any, Literal
 import msgspec
 import nats.errors
 import nats.js.errors
-import redis.exceptions
 from aiohttp import web
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -32,6 +31,7 @@ from shared.core import Topology
 from shared.joblog import read_log
 from shared.metrics import metrics_response
 from shared.rank_log import LogReader, as_text
+from shared.redis_client import UNAVAILABLE
 from shared.runtime import Deps, Service
 from shared.schemas import (
     ADMIN_REPLY,
@@ -566,7 +566,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
         resp = error_response(503, "the scheduler's view is being rebuilt from its log; try again shortly")
         resp.headers["Retry-After"] = str(VIEW_RETRY_AFTER_S)
         return resp
-    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, nats.errors.Error, TimeoutError) as e:
+    except (*UNAVAILABLE, nats.errors.Error, TimeoutError) as e:
         log.warning("%s %s: backend unavailable: %r", request.method, request.path, e)
         return error_response(503, "a backend (NATS or Redis) is unavailable; try again")
     except Exception:

@@ -39,7 +39,6 @@ from typing import Any, Literal
 
 import msgspec
 import nats.js.errors
-import redis.exceptions
 from nats.aio.msg import Msg
 
 from services.inventory.health import BATCH_WINDOW_S, HealthMonitor, load_rules
@@ -47,6 +46,7 @@ from services.inventory.ranks import RankWatch
 from shared.core.topology_io.agents import NO_FABRIC_UUIDS
 from shared.health import HealthRules, merge_health
 from shared.liveness import Hearing, lost, may_judge, observe, overdue, silent_for
+from shared.redis_client import UNAVAILABLE
 from shared.runtime import Deps, Service
 from shared.schemas import (
     AGENT_REPORTS,
@@ -75,7 +75,7 @@ _PUBLISH_ATTEMPTS = 3
 REGISTER_CONCURRENCY = 64  # new nodes' registrations handled at once (each a few round trips)
 RANK_ROUND_TICKS = 2  # the reports are reconciled with the job records every this many checks
 # Redis going away (restart, failover, shutdown) is an outage to wait out, not a bug to trace back.
-STORE_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+STORE_ERRORS = UNAVAILABLE
 
 
 class ReportError(ValueError):
