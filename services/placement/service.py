@@ -5,7 +5,10 @@ the job holding nothing else), so any number of placement replicas can run side 
 can never hand out one GPU twice. Only after the commit do the agents get their StartRank commands.
 A ReleaseOrder frees the job's GPUs at once and tells its agents to stop the ranks (none when every rank has
 exited already: `ReleaseOrder.stop_ranks`).
-Orders are redelivered until acked, and both paths are idempotent.
+Orders are redelivered until acked, and both paths are idempotent. A fetched batch of orders is handled one lane
+per job (each job's orders in stream order, different jobs' at once): under a burst the commits' and publishes'
+round trips overlap instead of queueing one behind the other. Jobs' orders never depend on each other in a batch: the
+queue orders GPUs another job gave back only once placement has told it they are released.
 """
 
 from __future__ import annotations
@@ -34,6 +37,10 @@ from shared.schemas import (
 log = logging.getLogger("rackscale.placement")
 
 
+def _job(order: Order) -> str:
+    return order.job_id
+
+
 class PlacementService(Service):
     name = "placement"
 
@@ -45,7 +52,12 @@ class PlacementService(Service):
     async def start(self) -> None:
         self.spawn(
             self.bus.consume(
-                self.names.orders, self.names.consumer(self.name, "orders"), ORDERS, self.handle, self.stop_event
+                self.names.orders,
+                self.names.consumer(self.name, "orders"),
+                ORDERS,
+                self.handle,
+                self.stop_event,
+                key=_job,
             ),
             "orders",
         )
