@@ -4,7 +4,7 @@
     python bench/e2e_bench.py [--domains 64] [--latency-jobs 300] [--throughput-s 10] [--clients 8]
                               [--same-process] [--profile FILE.prof] [--agents-process]
                               [--process inventory,migration,placement] [--services-process] [--busy N]
-                              [--blocked GPUS]
+                              [--blocked GPUS] [--burst N [--burst-shape gpu1|gang4] [--burst-duration S]]
 
 The stack runs in this process with embedded NATS and Valkey: 64 NVL72 domains = 1,152 simulated agents
 (in-process, one fleet), heartbeat 1 s. `--agents-process` runs the agents in a child process instead (as
@@ -32,9 +32,34 @@ stack's event loop (`--same-process` puts it in) — then measures:
 nodes) that must wait: every cycle of (a) and (b) decides next to its reservation, as on a busy cluster where
 a large job waits for domains to drain. The bench checks that it is still pending, reserved, at the end.
 
+(d) `--burst N` instead of (a) and (b): N jobs submitted at once on an empty fleet, by `--clients` concurrent
+    HTTP clients (bodies encoded beforehand; the gateway has no batch endpoint), each running
+    `--burst-duration` (600 s: long enough that all N run at once). Per job: POST sent, 202 answered, its
+    `pending`, `placed` and `running` events. It reports accepted/s, started/s (the running jobs over first
+    POST → last running, and the steady rate between 10% and 90% started), pending → running and submit →
+    running p50/p99, each hop's wait, and the control plane's CPU per job (`cpu_burst`: every process but
+    the agents — the stack's, nats-server's, Valkey's, the service processes' — over the burst window less its
+    idle rate, / N; with the agents or the load generator in the stack's process it can't be split: use
+    `--agents-process`, without `--same-process`), with the whole machine's busy CPU and CPU pressure (the
+    machine is shared). Nothing lost: every accepted job reached `running` (events and API), then each is
+    cancelled and every one must end (events and API). Shapes:
+    `gpu1` (1 GPU) and `gang4` (4 whole nodes, 16 GPUs, NVLink required at the domain level: 4 fit in a
+    domain of 18 nodes); a burst that can't all run at once on the fleet is refused with the domains it needs.
+    `--burst-hops` also hears the queue's orders, placement's commits and the agents' starts, to split the
+    wait by service (a little more work for nats-server: leave it off for the CPU figure). `--profile` then
+    covers the burst alone (first POST to last running). The acceptance figures (issue 24):
+
+        python bench/e2e_bench.py --domains 64 --agents-process --burst 2000 --burst-shape gpu1    # >= 300 started/s
+        python bench/e2e_bench.py --domains 128 --agents-process --burst 500 --burst-shape gang4   # >= 200 started/s
+
+    and control-plane CPU <= 4 ms a job in both. 500 gangs of 4 nodes need 125 domains at once (64 domains
+    hold 256: `--domains 64 --burst 256 --burst-shape gang4` is the gang burst on the 64-domain fleet).
+
 One JSON document on stdout. Targets on the 2-core dev machine: p50 < 10 ms, p99 < 50 ms, >= 300
-submissions/s, nothing lost. `--profile` runs cProfile over the stack's process during (a) and (b), writes
-the .prof and adds the hottest functions and the time per component (service, library) to the JSON.
+submissions/s, nothing lost; for a burst, the started/s and CPU per job above (`targets`: met or missed,
+`as_specified` whether the run is the one the figure is stated for). `--profile` runs cProfile over the
+stack's process during (a) and (b), writes the .prof and adds the hottest functions and the time per
+component (service, library) to the JSON.
 """
 
 from __future__ import annotations
@@ -44,6 +69,7 @@ import asyncio
 import contextlib
 import cProfile
 import dataclasses
+import itertools
 import json
 import multiprocessing
 import os
@@ -56,7 +82,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -71,12 +97,46 @@ import nats
 from nats.aio.msg import Msg
 
 from shared.names import Names
-from shared.schemas import EVENTS, JobEvent
+from shared.schemas import EVENTS, ORDERS, Committed, JobEvent, PlaceOrder, RankStarted
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 IDLE_CALLS = frozenset({"<method 'poll' of 'select.epoll' objects>", "<method 'select' of 'select.epoll' objects>"})
 IDLE_WINDOW_S = 5.0  # the processes' idle CPU rate is measured this long before the load starts
 TARGETS = {"latency_p50_ms": 10.0, "latency_p99_ms": 50.0, "submissions_per_s": 300.0}
+NODES_PER_DOMAIN = 18  # the simulated fleet's NVL72 domains: 18 nodes of 4 GPUs
+GPUS_PER_NODE = 4
+CPU_SAMPLE_S = 0.1  # the burst's CPU accounting reads every process's CPU time this often
+
+
+@dataclass(frozen=True, slots=True)
+class BurstShape:
+    """One kind of burst job: its body (less name, tenant and duration) and how many run at once per domain."""
+
+    body: dict[str, Any]
+    per_domain: int
+    describe: str
+
+
+BURST_SHAPES = {
+    "gpu1": BurstShape({"gpus": 1}, NODES_PER_DOMAIN * GPUS_PER_NODE, "one GPU"),
+    # a gang of 4 whole nodes, NVLink required at the domain level: 4 fit in a domain of 18 nodes (2 left over)
+    "gang4": BurstShape(
+        {
+            "gpus": 4 * GPUS_PER_NODE,
+            "gpus_per_node": GPUS_PER_NODE,
+            "topology": {"nvlink": "required", "level": "domain"},
+        },
+        NODES_PER_DOMAIN // 4,
+        "4 whole nodes (16 GPUs) in one NVLink domain",
+    ),
+}
+# the acceptance figures (issue 24): started/s for the shape's burst of `jobs` on `domains`, and the control
+# plane's CPU per job under a burst
+BURST_TARGETS: dict[str, dict[str, Any]] = {
+    "gpu1": {"jobs": 2000, "domains": 64, "started_per_s": 300.0},
+    "gang4": {"jobs": 500, "domains": 128, "started_per_s": 200.0},
+}
+BURST_CPU_MS_PER_JOB = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +160,14 @@ class BenchConfig:
     processes: tuple[str, ...] = ()
     busy: int = 0  # long 1-GPU jobs started before the latency phase, so it runs on a busy cluster
     blocked: int = 0  # GPUs of a large job that waits (reserved) through the measured phases; 0: none
+    # the burst phase instead of (a) and (b): this many jobs of `burst_shape` submitted at once; 0: none
+    burst: int = 0
+    burst_shape: str = "gpu1"
+    burst_duration_s: float = 600.0  # how long each burst job runs: longer than the burst, so all run at once
+    burst_timeout_s: float = 300.0  # bound on waiting for every accepted burst job to run (then to end)
+    # also hear the queue's orders, placement's commits and the agents' starts (core subscriptions: a little
+    # more work for nats-server), to split pending → running into each service's hop
+    burst_hops: bool = False
 
 
 def small_job(rng: random.Random, tenant: str, i: int) -> dict[str, Any]:
@@ -156,6 +224,21 @@ class Events:
             fut = self.waiters.pop(ev.job_id, None)
             if fut is not None and not fut.done():
                 fut.set_result((state, now))
+
+    async def on_inner(self, m: Msg) -> None:
+        """The hops inside the system (`--burst-hops`): a job's first PlaceOrder (queue → placement) and Committed
+        (placement → queue) as marks "ordered" and "committed", its last RankStarted (agents → queue: the last
+        rank of a gang to start) as "ranks_started"."""
+        now = time.perf_counter()
+        try:
+            msg = ORDERS.decode(m.data) if ".orders." in m.subject else EVENTS.decode(m.data)
+        except msgspec.DecodeError:
+            return
+        if isinstance(msg, RankStarted):
+            self.first.setdefault(msg.job_id, {})["ranks_started"] = now
+        elif isinstance(msg, PlaceOrder | Committed):
+            mark = "ordered" if isinstance(msg, PlaceOrder) else "committed"
+            self.first.setdefault(msg.job_id, {}).setdefault(mark, now)
 
     def started(self, job_id: str) -> asyncio.Future[tuple[str, float]]:
         """Resolves with ("running", t) — or (terminal state, t) for a job that ended without a running event."""
@@ -333,6 +416,195 @@ async def throughput_phase(
     }
 
 
+def burst_capacity(shape: str, domains: int) -> int:
+    """How many jobs of `shape` run at once on an empty fleet of `domains`."""
+    return BURST_SHAPES[shape].per_domain * domains
+
+
+def steady_rate(times: list[float], lo: float = 0.1, hi: float = 0.9) -> float | None:
+    """Events per second between the `lo` and `hi` fractions of them (sorted times in s)."""
+    n = len(times)
+    i, j = int(lo * n), max(int(lo * n), int(hi * n) - 1)
+    if j <= i or times[j] <= times[i]:
+        return None
+    return (j - i) / (times[j] - times[i])
+
+
+async def post_raw(http: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    async with http.post(f"{url}/v1/jobs", data=body, headers={"Content-Type": "application/json"}) as r:
+        return r.status, await r.json()
+
+
+async def burst_phase(
+    http: aiohttp.ClientSession, url: str, events: Events, cfg: BenchConfig, mark: Callable[[str], None]
+) -> dict[str, Any]:
+    """`cfg.burst` jobs of `cfg.burst_shape` submitted at once by `cfg.clients` concurrent clients (bodies
+    encoded beforehand), then waited on until every accepted one runs; `mark` tells the stack's process when
+    the burst starts and when the last job ran (its CPU and profile window). Then every job is cancelled and
+    must end."""
+    shape = BURST_SHAPES[cfg.burst_shape]
+    tenant = "burst"
+    bodies = [
+        msgspec.json.encode({**shape.body, "name": f"burst-{i}", "tenant": tenant, "duration_s": cfg.burst_duration_s})
+        for i in range(cfg.burst)
+    ]
+    sent: dict[str, float] = {}  # job id → when its POST started (perf_counter)
+    answered: dict[str, float] = {}  # job id → its 202
+    refused: Counter[str] = Counter()
+    todo = iter(bodies)
+    to_wall = time.time() - time.perf_counter()
+    own_cpu = time.process_time()
+
+    async def client() -> None:
+        for body in todo:
+            t0 = time.perf_counter()
+            try:
+                status, doc = await post_raw(http, url, body)
+            except aiohttp.ClientError as e:
+                refused[type(e).__name__] += 1
+                continue
+            if status == 202:
+                sent[doc["id"]] = t0
+                answered[doc["id"]] = time.perf_counter()
+            else:
+                refused[f"HTTP {status}: {doc.get('error')}"] += 1
+
+    mark("burst_start")
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(cfg.clients)))
+    submitted = time.perf_counter()
+    ids = list(sent)
+
+    def reached(job: str) -> bool:
+        seen = events.first.get(job, {})
+        return "running" in seen or any(s in seen for s in TERMINAL)
+
+    waiting = set(ids)
+    while waiting and time.perf_counter() - start < cfg.burst_timeout_s:
+        waiting = {j for j in waiting if not reached(j)}
+        if waiting:
+            await asyncio.sleep(0.02)
+    ran = [j for j in ids if "running" in events.first.get(j, {})]
+    run_times = sorted(events.first[j]["running"] for j in ran)
+    last = run_times[-1] if run_times else time.perf_counter()
+    mark("burst_end")
+    load_cpu = time.process_time() - own_cpu
+    ended_first = [j for j in ids if j not in ran and reached(j)]
+
+    # the API's view at the burst's end: every accepted job running
+    counts = await api_terminal_counts(http, url, tenant)
+    for _ in range(50):  # the last running record may land just after its event
+        if counts["running"] >= len(ran):
+            break
+        await asyncio.sleep(0.1)
+        counts = await api_terminal_counts(http, url, tenant)
+    running_by_api = counts["running"]
+
+    pending_to_running = [
+        events.first[j]["running"] - events.first[j]["pending"] for j in ran if "pending" in events.first[j]
+    ]
+    submit_to_running = [events.first[j]["running"] - sent[j] for j in ran]
+    # where the time goes: each hop's wait, and how fast jobs passed each mark (from the first POST)
+    marks = ["post", "pending", "placed", "running"]
+    pairs = list(itertools.pairwise(marks))
+    if cfg.burst_hops:
+        # the path: gateway and queue's intake, queue's cycle, placement, the agents, queue's start handling; the
+        # queue's `placed` event (on the commit) is off it: the agents start meanwhile
+        marks = ["post", "pending", "ordered", "committed", "ranks_started", "running"]
+        pairs = [*itertools.pairwise(marks), ("committed", "placed")]
+    hops = {f"{a}_to_{b}": (a, b) for a, b in pairs}
+    stage_ms: dict[str, dict[str, float]] = {}
+    for hop, (a, b) in hops.items():
+        waits = [
+            events.first[j][b] - (sent[j] if a == "post" else events.first[j][a])
+            for j in ran
+            if b in events.first[j] and (a == "post" or a in events.first[j])
+        ]
+        stage_ms[hop] = {k: v for k, v in summary_ms(waits).items() if k in ("p50", "p99")}
+    marks_per_s: dict[str, float | None] = {}
+    for state in marks[1:]:
+        times = sorted(events.first[j][state] for j in ids if state in events.first.get(j, {}))
+        marks_per_s[state] = round(len(times) / (times[-1] - start), 1) if times and times[-1] > start else None
+    window = (start + to_wall, last + to_wall)
+    burst_s = last - start
+    steady = steady_rate([t - start for t in run_times])
+    result: dict[str, Any] = {
+        "shape": cfg.burst_shape,
+        "shape_body": shape.body,
+        "jobs": cfg.burst,
+        "clients": cfg.clients,
+        "accepted": len(ids),
+        "refused": dict(refused),
+        "submit_s": round(submitted - start, 3),
+        "accepted_per_s": round(len(ids) / max(max(answered.values(), default=start) - start, 1e-9), 1),
+        "answer_ms": summary_ms([answered[j] - sent[j] for j in ids]),
+        "running_by_events": len(ran),
+        "running_by_api": running_by_api,
+        "states_by_api_at_end_of_burst": counts,
+        "ended_without_running": len(ended_first),
+        "not_running_within_timeout": len(ids) - len(ran) - len(ended_first),
+        "first_post_to_last_running_s": round(burst_s, 3),
+        "started_per_s": round(len(ran) / burst_s, 1) if ran and burst_s > 0 else 0.0,
+        "started_per_s_10_to_90pct": round(steady, 1) if steady else None,
+        # when 10/50/90/100% of the burst's running jobs were running, from the first POST
+        "running_at_s": {f"{q}%": round(percentile(run_times, q) - start, 3) for q in (10, 50, 90, 100)}
+        if run_times
+        else {},
+        "pending_to_running_ms": summary_ms(pending_to_running),
+        "submit_to_running_ms": summary_ms(submit_to_running),
+        "hops_ms": stage_ms,
+        "reached_per_s": marks_per_s,  # jobs that reached each state / (the last of them − the first POST)
+        "load_generator_cpu_s": round(load_cpu, 2),
+        "window": list(window),  # wall clock: the stack's process accounts its CPU to it
+    }
+
+    # then every job is cancelled and must end
+    cancel_start = time.perf_counter()
+    cancel_refused: Counter[str] = Counter()
+    cancels = iter(ids)
+
+    async def canceller() -> None:
+        for job in cancels:
+            status, doc = 0, {}
+            for _ in range(20):
+                try:
+                    async with http.delete(f"{url}/v1/jobs/{job}") as r:
+                        status = r.status
+                        doc = await r.json()
+                except aiohttp.ClientError as e:
+                    cancel_refused[type(e).__name__] += 1
+                    break
+                if status != 503:  # 503: not recorded yet (only a job that never ran)
+                    break
+                await asyncio.sleep(0.5)
+            if status not in (202, 409):
+                cancel_refused[f"HTTP {status}: {doc.get('error')}"] += 1
+
+    await asyncio.gather(*(canceller() for _ in range(cfg.clients)))
+    id_set = set(ids)
+    while not id_set <= events.terminal and time.perf_counter() - cancel_start < cfg.burst_timeout_s:
+        await asyncio.sleep(0.1)
+    counts = await api_terminal_counts(http, url, tenant)
+    for _ in range(50):
+        if sum(counts[s] for s in TERMINAL) >= len(ids):
+            break
+        await asyncio.sleep(0.1)
+        counts = await api_terminal_counts(http, url, tenant)
+    terminal_by_api = sum(counts[s] for s in TERMINAL)
+    result["after_cancel"] = {
+        "cancel_refused": dict(cancel_refused),
+        "all_ended_s": round(time.perf_counter() - cancel_start, 2),
+        "terminal_by_events": len(id_set & events.terminal),
+        "terminal_by_api": terminal_by_api,
+        "states_by_api": counts,
+    }
+    result["lost"] = {
+        "not_running": len(ids) - min(len(ran), running_by_api),
+        "not_terminal_after_cancel": len(ids) - min(len(id_set & events.terminal), terminal_by_api),
+    }
+    return result
+
+
 @contextlib.asynccontextmanager
 async def session(
     url: str, nats_url: str, prefix: str, cfg: BenchConfig
@@ -341,7 +613,11 @@ async def session(
     events = Events()
     nc = await nats.connect(nats_url)
     try:
-        await nc.subscribe(Names(prefix=prefix).job_events_all, cb=events.on_msg, pending_msgs_limit=1_000_000)
+        names = Names(prefix=prefix)
+        await nc.subscribe(names.job_events_all, cb=events.on_msg, pending_msgs_limit=1_000_000)
+        if cfg.burst and cfg.burst_hops:
+            for subject in (names.orders, names.placement_events, names.agent_events):
+                await nc.subscribe(subject, cb=events.on_inner, pending_msgs_limit=1_000_000)
         await nc.flush()
         conn = aiohttp.TCPConnector(limit=cfg.clients)
         async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as http:
@@ -350,8 +626,18 @@ async def session(
         await nc.close()
 
 
-async def drive(url: str, nats_url: str, prefix: str, cfg: BenchConfig) -> dict[str, Any]:
-    """Both phases against a running system; the results as a dict."""
+def no_mark(_: str) -> None:
+    pass
+
+
+async def drive(
+    url: str, nats_url: str, prefix: str, cfg: BenchConfig, mark: Callable[[str], None] = no_mark
+) -> dict[str, Any]:
+    """Both phases (or the burst) against a running system; the results as a dict."""
+    if cfg.burst:
+        async with session(url, nats_url, prefix, cfg) as (http, events):
+            burst = await burst_phase(http, url, events, cfg, mark)
+        return {"burst": burst, "job_events_heard": events.count}
     rng = random.Random(cfg.seed)
     async with session(url, nats_url, prefix, cfg) as (http, events):
         latency = await latency_phase(http, url, events, cfg, rng)
@@ -402,14 +688,20 @@ async def blocked_state(http: aiohttp.ClientSession, url: str, job_id: str) -> d
 
 
 def _child(url: str, nats_url: str, prefix: str, cfg: BenchConfig, conn: Connection) -> None:
+    def mark(name: str) -> None:
+        conn.send(("mark", name))
+
     try:
-        conn.send(("ok", asyncio.run(drive(url, nats_url, prefix, cfg))))
+        conn.send(("ok", asyncio.run(drive(url, nats_url, prefix, cfg, mark))))
     except BaseException as e:
         conn.send(("error", repr(e)))
         raise
 
 
-async def drive_in_child(url: str, nats_url: str, prefix: str, cfg: BenchConfig) -> dict[str, Any]:
+async def drive_in_child(
+    url: str, nats_url: str, prefix: str, cfg: BenchConfig, on_mark: Callable[[str], None] = no_mark
+) -> dict[str, Any]:
+    """`drive` in a child process; its marks (the burst's start and end) reach `on_mark` as they come."""
     ctx = multiprocessing.get_context("spawn")
     mine, theirs = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(url, nats_url, prefix, cfg, theirs), daemon=True)
@@ -419,12 +711,18 @@ async def drive_in_child(url: str, nats_url: str, prefix: str, cfg: BenchConfig)
     ready = asyncio.Event()
     loop.add_reader(mine.fileno(), ready.set)
     try:
-        while not ready.is_set():
+        while True:
+            if mine.poll():
+                kind, payload = mine.recv()
+                if kind != "mark":
+                    break
+                on_mark(str(payload))
+                continue
             if not proc.is_alive() and not mine.poll():
                 raise RuntimeError(f"the load generator exited with {proc.exitcode} without a result")
+            ready.clear()  # the reader is level-triggered: it sets it again while data waits
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ready.wait(), 1.0)
-        kind, payload = mine.recv()
     finally:
         loop.remove_reader(mine.fileno())
         proc.join(10)
@@ -446,6 +744,28 @@ def cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def cpu_pressure_s() -> float | None:
+    """Seconds so far in which some runnable task waited for a CPU (Linux PSI, /proc/pressure/cpu "some");
+    None when it can't be read. The machine is shared: this says how much a window was contended."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            some = f.readline().split()
+        return int(some[-1].removeprefix("total=")) / 1e6
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def machine_busy_s() -> float | None:
+    """CPU seconds the whole machine has been busy (every CPU, every process, seen or not: /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class CpuSampler:
     """Every process's CPU time, sampled every `period_s` (wall clock), to account it to a phase afterwards:
     the job path's CPU per job is what the latency phase used beyond the processes' idle rate."""
@@ -454,10 +774,25 @@ class CpuSampler:
         self.pids = pids
         self.period_s = period_s
         self.samples: list[tuple[float, dict[str, float]]] = []
+        # the machine as a whole: (wall clock, {"busy": machine_busy_s(), "pressure": cpu_pressure_s()})
+        self.machine: list[tuple[float, dict[str, float]]] = []
 
     def sample(self) -> None:
         now = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         self.samples.append((time.time(), {k: v for k, v in now.items() if v is not None}))
+        whole = {"busy": machine_busy_s(), "pressure": cpu_pressure_s()}
+        self.machine.append((time.time(), {k: v for k, v in whole.items() if v is not None}))
+
+    def machine_pct(self, t0: float, t1: float) -> dict[str, float]:
+        """Over [t0, t1] (from the samples around it): the whole machine's busy CPU (100 = one CPU) and the share
+        of the time in which some task waited for a CPU."""
+        before = [s for s in self.machine if s[0] <= t0] or self.machine[:1]
+        after = [s for s in self.machine if s[0] >= t1] or self.machine[-1:]
+        if not before or not after or after[0][0] <= before[-1][0]:
+            return {}
+        (ta, a), (tb, b) = before[-1], after[0]
+        names = {"busy": "busy_pct", "pressure": "cpu_pressure_some_pct"}
+        return {names[k]: round(100 * (b[k] - a[k]) / (tb - ta), 1) for k in names if k in a and k in b}
 
     async def run(self) -> None:
         while True:
@@ -470,6 +805,52 @@ class CpuSampler:
             return 0.0, {}
         (ta, a), (tb, b) = inside[0], inside[-1]
         return tb - ta, {k: b[k] - a[k] for k in b if k in a}
+
+    def _enclosing(self, t0: float, t1: float) -> tuple[float, dict[str, float]]:
+        """Like `_between`, from the last sample at or before t0 to the first at or after t1: the whole window."""
+        before = [s for s in self.samples if s[0] <= t0]
+        after = [s for s in self.samples if s[0] >= t1]
+        if not before or not after:
+            return self._between(t0, t1)
+        (ta, a), (tb, b) = before[-1], after[0]
+        return tb - ta, {k: b[k] - a[k] for k in b if k in a}
+
+    def burst_report(
+        self, idle: tuple[float, float], window: tuple[float, float], jobs: int, agents: frozenset[str]
+    ) -> dict[str, Any]:
+        """Each process's CPU over the burst's window beyond its idle rate, per job; the control plane is every
+        process but those in `agents`."""
+        idle_s, idle_cpu = self._between(*idle)
+        span_s, span_cpu = self._enclosing(*window)
+        out: dict[str, Any] = {
+            "idle_window_s": round(idle_s, 2),
+            "burst_window_s": round(window[1] - window[0], 3),
+            "sampled_span_s": round(span_s, 3),
+            "processes": {},
+        }
+        if not idle_s or not span_s or not jobs:
+            return out
+        control = {"cpu_s": 0.0, "idle_cpu_s": 0.0, "cpu_ms_per_job": 0.0}
+        for name in sorted(span_cpu):
+            idle_cpu_s = idle_cpu.get(name, 0.0) / idle_s * span_s
+            row = {
+                "idle_pct": 100 * idle_cpu.get(name, 0.0) / idle_s,
+                "burst_pct": 100 * span_cpu[name] / span_s,
+                "cpu_s": span_cpu[name],
+                "idle_cpu_s": idle_cpu_s,
+                "cpu_ms_per_job": 1000 * (span_cpu[name] - idle_cpu_s) / jobs,
+            }
+            out["processes"][name] = {k: round(v, 3) for k, v in row.items()}
+            if name not in agents:
+                control = {k: control[k] + row[k] for k in control}
+        out["control_plane"] = {k: round(v, 3) for k, v in control.items()}
+        out["control_plane_excludes"] = sorted(agents & set(span_cpu))
+        # the machine is shared: its busy CPU beyond these processes' is other work's (and the load generator's)
+        out["machine"] = {"idle": self.machine_pct(*idle), "burst": self.machine_pct(*window)}
+        out["machine"]["burst"]["these_processes_pct"] = round(
+            100 * sum(r["cpu_s"] for r in out["processes"].values()) / span_s, 1
+        )
+        return out
 
     def report(self, idle: tuple[float, float], phase: tuple[float, float], jobs: int) -> dict[str, Any]:
         idle_s, idle_cpu = self._between(*idle)
@@ -527,9 +908,11 @@ def profile_report(prof: cProfile.Profile, path: str, top: int = 25) -> dict[str
         reverse=True,
     )[:top]
 
+    root = str(Path(__file__).resolve().parent.parent) + "/"
+
     def where(k: tuple[str, int, str]) -> str:
         filename, line, name = k
-        short = filename.split("/work/main/")[-1].split("site-packages/")[-1]
+        short = filename.split(root)[-1].split("site-packages/")[-1]
         return f"{short}:{line}:{name}"
 
     return {
@@ -550,6 +933,8 @@ def profile_report(prof: cProfile.Profile, path: str, top: int = 25) -> dict[str
 async def node_counts(http: aiohttp.ClientSession, url: str) -> dict[str, int]:
     async with http.get(f"{url}/v1/cluster") as r:
         doc = await r.json()
+    if r.status != 200:  # 503 until the queue (a child process with --services-process) has rebuilt the view
+        return {"registered": 0, "up": 0, "draining": 0, "down": 0}
     states = Counter(n["state"] for d in doc["domains"] for n in d["nodes"])
     return {"registered": sum(states.values()), **{s: states.get(s, 0) for s in ("up", "draining", "down")}}
 
@@ -619,25 +1004,39 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
             result["busy"] = await make_busy(stack.gateway_url, stack.nats_url, prefix, cfg)
         if cfg.blocked:
             result["blocked"] = await submit_blocked(stack.gateway_url, cfg)
-        sampler = CpuSampler(pids)
+        sampler = CpuSampler(pids, period_s=CPU_SAMPLE_S if cfg.burst else 0.25)
         sampling = asyncio.ensure_future(sampler.run())
         idle = (time.time(), time.time() + IDLE_WINDOW_S)
         await asyncio.sleep(IDLE_WINDOW_S)
         prof = cProfile.Profile() if cfg.profile else None
-        if prof is not None:
+
+        def on_mark(name: str) -> None:
+            """The burst's profile covers the burst alone: its first POST to its last job running."""
+            if prof is not None and name == "burst_start":
+                prof.enable()
+            elif prof is not None and name == "burst_end":
+                prof.disable()
+
+        if prof is not None and not cfg.burst:
             prof.enable()
         try:
             if cfg.same_process:
-                load = await drive(stack.gateway_url, stack.nats_url, prefix, cfg)
+                load = await drive(stack.gateway_url, stack.nats_url, prefix, cfg, on_mark)
             else:
-                load = await drive_in_child(stack.gateway_url, stack.nats_url, prefix, cfg)
+                load = await drive_in_child(stack.gateway_url, stack.nats_url, prefix, cfg, on_mark)
         finally:
             if prof is not None:
                 prof.disable()
         sampling.cancel()
         sampler.sample()
-        window = load["latency"].pop("window")
-        result["cpu_latency_phase"] = sampler.report(idle, (window[0], window[1]), load["latency"]["jobs"])
+        if cfg.burst:
+            window = load["burst"].pop("window")
+            # the agents: the fleet's process, or the stack's when it holds them (then it can't be told apart)
+            agents = frozenset({"fleet"} if cfg.agents_process else {"stack"})
+            result["cpu_burst"] = sampler.burst_report(idle, (window[0], window[1]), load["burst"]["accepted"], agents)
+        else:
+            window = load["latency"].pop("window")
+            result["cpu_latency_phase"] = sampler.report(idle, (window[0], window[1]), load["latency"]["jobs"])
         result.update(load)
         queue = stack.services.get("queue")
         result["queue_cycles"] = getattr(queue, "cycles", None)
@@ -653,6 +1052,9 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
             fleet.wait(30)
         await stack.stop()
     result["machine"]["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    if cfg.burst:
+        result["targets"] = burst_targets(cfg, result["burst"], result["cpu_burst"])
+        return result
     lat = result["latency"]["submit_to_running_ms"]
     tput = result["throughput"]
     result["targets"] = {
@@ -666,6 +1068,40 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
         "nothing_lost": {"accepted": tput["accepted"], "terminal": tput["terminal_by_api"], "met": tput["lost"] == 0},
     }
     return result
+
+
+def burst_targets(cfg: BenchConfig, burst: dict[str, Any], cpu: dict[str, Any]) -> dict[str, Any]:
+    """The burst's acceptance figures, met or missed; `as_specified` says whether this run is the one the figure
+    is stated for (shape, N and domains)."""
+    spec = BURST_TARGETS.get(cfg.burst_shape)
+    out: dict[str, Any] = {}
+    if spec is not None:
+        out["started_per_s"] = {
+            "target": spec["started_per_s"],
+            "got": burst["started_per_s"],
+            "met": burst["started_per_s"] >= spec["started_per_s"],
+            "as_specified": cfg.burst == spec["jobs"] and cfg.domains == spec["domains"],
+            "stated_for": f"{spec['jobs']} {cfg.burst_shape} jobs on {spec['domains']} domains",
+        }
+    control = cpu.get("control_plane")
+    got = control["cpu_ms_per_job"] if control else None
+    # with the agents or the load generator in the stack's process, its CPU can't be split: no verdict
+    apart = cfg.agents_process and not cfg.same_process
+    out["control_plane_cpu_ms_per_job"] = {
+        "target": BURST_CPU_MS_PER_JOB,
+        "got": got,
+        "met": got <= BURST_CPU_MS_PER_JOB if got is not None and apart else None,
+        "as_specified": apart,
+    }
+    lost = burst["lost"]
+    out["nothing_lost"] = {
+        "jobs": cfg.burst,
+        "accepted": burst["accepted"],
+        "running": min(burst["running_by_events"], burst["running_by_api"]),
+        "terminal_after_cancel": burst["after_cancel"]["terminal_by_api"],
+        "met": burst["accepted"] == cfg.burst and lost["not_running"] == 0 and lost["not_terminal_after_cancel"] == 0,
+    }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -700,11 +1136,48 @@ def main(argv: list[str] | None = None) -> int:
         metavar="GPUS",
         help="then submit a day-long job of GPUS GPUs (segments of 16 nodes) that waits reserved throughout",
     )
+    p.add_argument(
+        "--burst",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead of the latency and throughput phases: submit N jobs at once, measure until all run, cancel",
+    )
+    p.add_argument("--burst-shape", choices=sorted(BURST_SHAPES), default="gpu1", help="the burst's jobs (gpu1)")
+    p.add_argument(
+        "--burst-duration",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="how long each burst job runs (default 600 s; cancelled once all run)",
+    )
+    p.add_argument(
+        "--burst-timeout", type=float, default=300.0, metavar="S", help="bound on waiting for the burst to run or end"
+    )
+    p.add_argument(
+        "--burst-hops",
+        action="store_true",
+        help="also hear orders, commits and rank starts, to split pending -> running by service (adds NATS work)",
+    )
     a = p.parse_args(argv)
     processes = tuple(x.strip() for x in a.process.split(",") if x.strip())
     unknown = set(processes) - {"inventory", "queue", "placement", "migration"}
     if unknown:
         p.error(f"--process: unknown service(s) {', '.join(sorted(unknown))}")
+    if a.burst < 0:
+        p.error("--burst: N must be >= 0")
+    if a.burst:
+        if a.busy or a.blocked:
+            p.error("--burst runs on an empty fleet: not with --busy or --blocked")
+        room = burst_capacity(a.burst_shape, a.domains)
+        if a.burst > room:
+            shape = BURST_SHAPES[a.burst_shape]
+            need = -(-a.burst // shape.per_domain)
+            p.error(
+                f"--burst {a.burst} --burst-shape {a.burst_shape}: at most {room} such jobs ({shape.describe}) run"
+                f" at once on {a.domains} domains ({shape.per_domain} a domain); all {a.burst} need --domains {need}"
+                f" or more, or --burst {room} or fewer"
+            )
     cfg = BenchConfig(
         domains=a.domains,
         heartbeat_s=a.heartbeat,
@@ -721,6 +1194,11 @@ def main(argv: list[str] | None = None) -> int:
         processes=processes,
         busy=a.busy,
         blocked=a.blocked,
+        burst=a.burst,
+        burst_shape=a.burst_shape,
+        burst_duration_s=a.burst_duration,
+        burst_timeout_s=a.burst_timeout,
+        burst_hops=a.burst_hops,
     )
     import logging
 
