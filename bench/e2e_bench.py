@@ -5,6 +5,7 @@
                               [--same-process] [--profile FILE.prof] [--agents-process]
                               [--process inventory,migration,placement] [--services-process] [--busy N]
                               [--blocked GPUS] [--burst N [--burst-shape gpu1|gang4] [--burst-duration S]]
+                              [--floor N]
 
 The stack runs in this process with embedded NATS and Valkey: 64 NVL72 domains = 1,152 simulated agents
 (in-process, one fleet), heartbeat 1 s. `--agents-process` runs the agents in a child process instead (as
@@ -55,6 +56,12 @@ a large job waits for domains to drain. The bench checks that it is still pendin
     and control-plane CPU <= 4 ms a job in both. 500 gangs of 4 nodes need 125 domains at once (64 domains
     hold 256: `--domains 64 --burst 256 --burst-shape gang4` is the gang burst on the 64-domain fleet).
 
+(e) `--floor N` after (a) and (b): N jobs through `bench/floor_bench.py`'s bare chain (the architecture's hops,
+    no service logic, its own servers) beside the now idle stack, and (a)'s p50 over the floor's p50 (issue 24:
+    at most 1.5x), so both come from one sitting:
+
+        python bench/e2e_bench.py --domains 64 --agents-process --latency-jobs 200 --throughput-s 5 --floor 200
+
 One JSON document on stdout. Targets on the 2-core dev machine: p50 < 10 ms, p99 < 50 ms, >= 300
 submissions/s, nothing lost; for a burst, the started/s and CPU per job above (`targets`: met or missed,
 `as_specified` whether the run is the one the figure is stated for). `--profile` runs cProfile over the
@@ -102,6 +109,7 @@ from shared.schemas import EVENTS, ORDERS, Committed, JobEvent, PlaceOrder, Rank
 TERMINAL = ("succeeded", "failed", "cancelled")
 IDLE_CALLS = frozenset({"<method 'poll' of 'select.epoll' objects>", "<method 'select' of 'select.epoll' objects>"})
 IDLE_WINDOW_S = 5.0  # the processes' idle CPU rate is measured this long before the load starts
+FLOOR_RATIO_TARGET = 1.5  # the idle submit → running p50 over the floor's, measured in one run
 TARGETS = {"latency_p50_ms": 10.0, "latency_p99_ms": 50.0, "submissions_per_s": 300.0}
 NODES_PER_DOMAIN = 18  # the simulated fleet's NVL72 domains: 18 nodes of 4 GPUs
 GPUS_PER_NODE = 4
@@ -168,6 +176,7 @@ class BenchConfig:
     # also hear the queue's orders, placement's commits and the agents' starts (core subscriptions: a little
     # more work for nats-server), to split pending → running into each service's hop
     burst_hops: bool = False
+    floor_jobs: int = 0  # > 0: also the floor (bench/floor_bench.py's chain) this many jobs, beside the idle stack
 
 
 def small_job(rng: random.Random, tenant: str, i: int) -> dict[str, Any]:
@@ -1046,6 +1055,8 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
                 result["blocked_at_end"] = await blocked_state(http, stack.gateway_url, result["blocked"]["id"])
         if prof is not None and cfg.profile:
             result["profile"] = profile_report(prof, cfg.profile)
+        if cfg.floor_jobs and not cfg.burst:
+            result["floor"] = await floor_beside(cfg.floor_jobs, result["latency"]["submit_to_running_ms"]["p50"])
     finally:
         if fleet is not None:
             fleet.terminate()
@@ -1068,6 +1079,24 @@ async def bench(cfg: BenchConfig) -> dict[str, Any]:
         "nothing_lost": {"accepted": tput["accepted"], "terminal": tput["terminal_by_api"], "met": tput["lost"] == 0},
     }
     return result
+
+
+async def floor_beside(jobs: int, p50_ms: float) -> dict[str, Any]:
+    """The floor's chain (bench/floor_bench.py: the architecture's hops with bare clients, its own servers) run
+    now, beside the idle stack the latency phase just measured, and that phase's p50 as a multiple of the floor's
+    (issue 24: at most 1.5x)."""
+    from bench.floor_bench import chain
+
+    took_ms = await chain(jobs, sync_always=True)
+    floor_p50 = percentile(took_ms, 50)
+    ratio = p50_ms / floor_p50
+    return {
+        "jobs": len(took_ms),
+        "post_to_running_ms": summary_ms([t / 1000 for t in took_ms]),
+        "latency_p50_over_floor_p50": round(ratio, 2),
+        "target": FLOOR_RATIO_TARGET,
+        "met": ratio <= FLOOR_RATIO_TARGET,
+    }
 
 
 def burst_targets(cfg: BenchConfig, burst: dict[str, Any], cpu: dict[str, Any]) -> dict[str, Any]:
@@ -1159,6 +1188,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also hear orders, commits and rank starts, to split pending -> running by service (adds NATS work)",
     )
+    p.add_argument(
+        "--floor",
+        type=int,
+        default=0,
+        metavar="N",
+        help="then N jobs through bench/floor_bench.py's bare chain beside the idle stack, and the p50s' ratio",
+    )
     a = p.parse_args(argv)
     processes = tuple(x.strip() for x in a.process.split(",") if x.strip())
     unknown = set(processes) - {"inventory", "queue", "placement", "migration"}
@@ -1199,6 +1235,7 @@ def main(argv: list[str] | None = None) -> int:
         burst_duration_s=a.burst_duration,
         burst_timeout_s=a.burst_timeout,
         burst_hops=a.burst_hops,
+        floor_jobs=a.floor,
     )
     import logging
 

@@ -203,6 +203,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                     "full_cycle_median_ms": round(1000 * statistics.median(full), 1) if full else None,
                     "kicked_cycle_p50_ms": round(1000 * percentile([s for f, s in cycles[before:] if not f], 50), 2),
                 }
+                t_busy = time.time()
+                await asyncio.sleep(10.0)  # the busy cluster's background, before the requests below add to it
+                sampler.sample()
+                span, cpu = sampler._between(t_busy, time.time())
+                out["busy"]["cpu_pct"] = {k: round(100 * v / span, 1) for k, v in cpu.items()}
                 out["cluster_busy_ms"] = await time_cluster(http, stack.gateway_url, args.cluster_gets)
         out["verdicts_total_after_up"] = dict(verdicts.states)
         sampling.cancel()

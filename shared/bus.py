@@ -88,6 +88,7 @@ class Bus:
         self.names = names
         self.service = service
         self.dead_letters = 0  # count, for metrics and tests
+        self._closing = False  # close() was called: the link going down is expected
         self._link_listeners: list[LinkListener] = []
 
     @classmethod
@@ -120,6 +121,7 @@ class Bus:
     async def close(self) -> None:
         # consumers have stopped by now: flush what was published, then close (drain would wait on
         # the idle pull subscriptions)
+        self._closing = True  # the disconnect that follows is ours: no "connection lost" warning
         with contextlib.suppress(Exception):
             await self.nc.flush(timeout=2)
         with contextlib.suppress(Exception):
@@ -153,6 +155,8 @@ class Bus:
         return True
 
     def _link_changed(self, up: bool) -> None:
+        if self._closing:
+            return
         if up:
             log.warning("%s: NATS connection back (reconnect %d)", self.service, self.reconnects)
         else:
