@@ -69,6 +69,17 @@ def _backlog(m: Msg) -> int:
         return 0
 
 
+def _merged(lane: list[tuple[Msg, Any]], merge: Callable[[Any, Any], Any | None] | None) -> list[tuple[list[Msg], Any]]:
+    """A lane's messages with neighbours `merge` joins taken as one (each with the messages it stands for)."""
+    out: list[tuple[list[Msg], Any]] = []
+    for m, obj in lane:
+        if merge is not None and out and (joined := merge(out[-1][1], obj)) is not None:
+            out[-1] = ([*out[-1][0], m], joined)
+        else:
+            out.append(([m], obj))
+    return out
+
+
 def _lane(key: Callable[[Any], str], obj: Any) -> str:
     """The message's ordering key; one without (an unexpected type) shares the lane of the keyless."""
     try:
@@ -243,11 +254,14 @@ class Bus:
         ready: asyncio.Event | None = None,
         key: Callable[[Any], str] | None = None,
         filters: Sequence[str] = (),
+        merge: Callable[[Any, Any], Any | None] | None = None,
     ) -> None:
         """Run a durable pull consumer until `stop` is set.
 
         `filters`: the subjects it takes, when not all of `subject` (its stream is found from `subject`): one
-        shard of a simulated fleet takes its own nodes' commands.
+        shard of a simulated fleet takes its own nodes' commands. `merge(a, b)`: with `key`, two messages next to
+        each other in a key's lane as one (None: not mergeable), handled once and acked (or redelivered)
+        together: a gang's rank starts, recorded in one update.
 
         Without `key` a fetched batch is handled one message after the other. With it, messages of different
         keys (say, job ids) are handled concurrently and those of one key in stream order: a handler's round
@@ -290,17 +304,18 @@ class Bus:
                 obj = await self._decode(m, decoder)
                 if obj is not _UNDECODABLE:
                     lanes.setdefault(_lane(key, obj), []).append((m, obj))
-            await asyncio.gather(*(self._lane(lane, handler, retry_delay_s) for lane in lanes.values()))
+            await asyncio.gather(*(self._lane(_merged(lane, merge), handler, retry_delay_s) for lane in lanes.values()))
 
-    async def _lane(self, lane: list[tuple[Msg, Any]], handler: Handler[Any], delay: float) -> None:
+    async def _lane(self, lane: list[tuple[list[Msg], Any]], handler: Handler[Any], delay: float) -> None:
         """One key's messages in stream order. One that isn't handled (yet) holds back those after it: they are
         redelivered with it, after it, rather than applied before it."""
-        for i, (m, obj) in enumerate(lane):
-            held_back = await self._dispatch(m, obj, handler, delay)
+        for i, (ms, obj) in enumerate(lane):
+            held_back = await self._dispatch(ms, obj, handler, delay)
             if held_back is not None:
                 for later, _ in lane[i + 1 :]:
-                    with contextlib.suppress(Exception):
-                        await later.nak(delay=held_back)
+                    for m in later:
+                        with contextlib.suppress(Exception):
+                            await m.nak(delay=held_back)
                 return
 
     async def _decode(self, m: Msg, decoder: msgspec.msgpack.Decoder[Any]) -> Any:
@@ -316,29 +331,34 @@ class Bus:
     async def _handle(self, m: Msg, decoder: msgspec.msgpack.Decoder[Any], handler: Handler[Any], delay: float) -> None:
         obj = await self._decode(m, decoder)
         if obj is not _UNDECODABLE:
-            await self._dispatch(m, obj, handler, delay)
+            await self._dispatch([m], obj, handler, delay)
 
-    async def _dispatch(self, m: Msg, obj: Any, handler: Handler[Any], delay: float) -> float | None:
-        """Handle and ack one message; when the handler can't (yet), nak it and return the redelivery delay."""
+    async def _dispatch(self, ms: list[Msg], obj: Any, handler: Handler[Any], delay: float) -> float | None:
+        """Handle and ack one message (or several merged into `obj`); when the handler can't (yet), nak them and
+        return the redelivery delay."""
+        first = ms[0]
         try:
-            await handler(obj, m.headers or {})
+            await handler(obj, first.headers or {})
         except Retry as e:
             # what it waits for is usually milliseconds behind: back off from 10 ms up to `delay`
             tries = 1
             with contextlib.suppress(Exception):
-                tries = max(1, m.metadata.num_delivered)
-            log.debug("%s: not yet (%s); redelivering later", m.subject, e)
+                tries = max(1, first.metadata.num_delivered)
+            log.debug("%s: not yet (%s); redelivering later", first.subject, e)
             later = min(delay, RETRY_FIRST_S * 2 ** (tries - 1))
-            with contextlib.suppress(Exception):
-                await m.nak(delay=later)
+            for m in ms:
+                with contextlib.suppress(Exception):
+                    await m.nak(delay=later)
             return later
         except Exception:
-            log.exception("handler for %s failed; will retry", m.subject)
-            with contextlib.suppress(Exception):
-                await m.nak(delay=delay)
+            log.exception("handler for %s failed; will retry", first.subject)
+            for m in ms:
+                with contextlib.suppress(Exception):
+                    await m.nak(delay=delay)
             return delay
-        with contextlib.suppress(Exception):
-            await m.ack()
+        for m in ms:
+            with contextlib.suppress(Exception):
+                await m.ack()
         return None
 
     async def subscribe(

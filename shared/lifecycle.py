@@ -22,6 +22,8 @@ attempt that was placed and is over, so its late commits and starts are ignored.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 from shared.schemas import (
@@ -184,6 +186,14 @@ def started(rec: JobRecord, ev: RankStarted, now: float) -> JobRecord | None:
     if len(r.started_ranks) == len(r.allocation) and r.state is JobState.PLACED:
         r.state, r.started_at, r.updated_at = JobState.RUNNING, now, now
     return r
+
+
+def started_all(rec: JobRecord, evs: Sequence[RankStarted], now: float) -> JobRecord | None:
+    """Several ranks started (a gang's, heard together): `started` for each in turn, one record."""
+    out = rec
+    for ev in evs:
+        out = started(out, ev, now) or out
+    return None if out is rec else out
 
 
 # Why a rank exited, or a job ended (a job: the first five; a rank: any).

@@ -130,7 +130,8 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
         "agent": [n.agent_register, n.agent_heartbeat, n.agent_events, n.telemetry("*"), n.logs_all],
     }
     subscribe: dict[str, list[str]] = {
-        "gateway": [n.job_events_all, n.node_events],  # server-sent events
+        # server-sent events; placement's commits and releases keep /v1/cluster's allocations between full reads
+        "gateway": [n.job_events_all, n.node_events, n.placement_events],
         "inventory": [n.agent_register, n.agent_heartbeat, n.telemetry_all, n.node_admin],
         "queue": [n.cycle_kick],
         "placement": [],

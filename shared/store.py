@@ -297,6 +297,10 @@ class Store:
         raws = await self.r.mget([self.names.node_state_key(x) for x in names]) if names else []
         return [raw.decode() if raw else None for raw in raws]
 
+    async def last_heard(self) -> dict[str, float]:
+        """Every node's last heartbeat (or registration) time, from the liveness zset: one read."""
+        return {m.decode(): t for m, t in await self.r.zrange(self.names.heartbeats_key, 0, -1, withscores=True)}
+
     async def silent_nodes(self, before: float) -> list[str]:
         """Nodes whose last heartbeat (or registration) is older than `before`."""
         return [m.decode() for m in await self.r.zrangebyscore(self.names.heartbeats_key, "-inf", f"({before!r}")]

@@ -150,7 +150,14 @@ class ClusterViews:
         self._allocs: dict[tuple[str, int], AllocationView] = {}
         self._generation: int | None = None
 
-    def build(self, nodes: list[NodeRecord], allocations: list[AllocationRecord], generation: int) -> ClusterView:
+    def build(
+        self,
+        nodes: list[NodeRecord],
+        allocations: list[AllocationRecord],
+        generation: int,
+        heard: Mapping[str, float] | None = None,
+    ) -> ClusterView:
+        """`heard`: the nodes' last heartbeats, when newer than their records say (records kept per generation)."""
         if generation != self._generation:  # a node may be in another domain now: nothing kept is sure
             self._nodes, self._allocs, self._generation = {}, {}, generation
         domain_of = {n.name: n.domain for n in nodes}
@@ -167,12 +174,14 @@ class ClusterViews:
             key = (n.domain, n.state, n.drained, n.reason, n.clique, n.leaf, n.backend, owners)
             if n.gpu_health:
                 key += tuple(sorted(n.gpu_health.items()))
+            beat = max(n.last_heartbeat, heard.get(n.name, 0.0)) if heard else n.last_heartbeat
             hit = self._nodes.get(n.name)
             if hit is not None and hit[0] == key:
                 _, base, node_counts = hit
-                view = msgspec.structs.replace(base, last_heartbeat=n.last_heartbeat)
+                view = msgspec.structs.replace(base, last_heartbeat=beat)
             else:
                 view, node_counts = _node_view(n, owners)
+                view.last_heartbeat = beat
             kept[n.name] = (key, view, node_counts)
             by_domain.setdefault(n.domain, []).append(view)
             counts.setdefault(n.domain, []).append(node_counts)

@@ -21,17 +21,18 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 import nats.js.errors
 
 from services.queue.rebuild import rebuild_view
-from services.queue.view import HeldView
 from shared import lifecycle
 from shared.bus import Outgoing, Retry
 from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Resize, Scheduler
 from shared.held import HeldState, occupy, reserved_domains
+from shared.held_view import HeldView
 from shared.job_cache import CHANGES_LISTED, JobCache
 from shared.jobs import body_segments, launch_of, record_spec
 from shared.launch import master_port
@@ -82,6 +83,28 @@ def _trace(rec: JobRecord) -> dict[str, str] | None:
 def _job(msg: Any) -> str:
     """Ordering key of the queue's messages (node events, which have no job, share one lane)."""
     return str(getattr(msg, "job_id", ""))
+
+
+@dataclass(frozen=True, slots=True)
+class RankStarts:
+    """Rank starts of one attempt next to each other in the inbox (a gang's agents start together), handled as
+    one: one record update and one event instead of one per rank. Not a message: the inbox's lanes make it."""
+
+    starts: tuple[RankStarted, ...]
+
+    @property
+    def job_id(self) -> str:
+        return self.starts[0].job_id
+
+
+def _starts(a: Any, b: Any) -> RankStarts | None:
+    """`Bus.consume`'s merge for the inbox: consecutive RankStarted of one job and attempt."""
+    if not isinstance(b, RankStarted):
+        return None
+    starts = a.starts if isinstance(a, RankStarts) else (a,) if isinstance(a, RankStarted) else ()
+    if not starts or (starts[0].job_id, starts[0].attempt) != (b.job_id, b.attempt):
+        return None
+    return RankStarts((*starts, b))
 
 
 @contextlib.contextmanager
@@ -164,8 +187,11 @@ class QueueService(Service):
             )
             self.spawn(consumer, what)
         # placement's and the agents' messages as one inbox: a job's in the order they were stored
+        # (a gang's rank starts, heard together, are recorded in one update: `_starts`)
         for what, subject in (("inbox", n.job_inbox), ("node", n.node_events)):
-            consumer = self.bus.consume(subject, n.consumer(self.name, what), EVENTS, self.on_event, stop, key=_job)
+            consumer = self.bus.consume(
+                subject, n.consumer(self.name, what), EVENTS, self.on_event, stop, key=_job, merge=_starts
+            )
             self.spawn(consumer, what)
         await self.bus.nc.subscribe(n.cycle_kick, cb=self._on_kick)
         self.spawn(self.cycle_loop(), "cycle")
@@ -282,6 +308,8 @@ class QueueService(Service):
             self.wake()  # GPUs came free
         elif isinstance(ev, RankStarted):
             await self.on_started(ev)
+        elif isinstance(ev, RankStarts):
+            await self.on_starts(list(ev.starts))
         elif isinstance(ev, RankExited):
             await self.on_exited(ev)
         elif isinstance(ev, NodeChanged):
@@ -327,8 +355,12 @@ class QueueService(Service):
             self.wake()
 
     async def on_started(self, ev: RankStarted) -> None:
+        await self.on_starts([ev])
+
+    async def on_starts(self, evs: list[RankStarted]) -> None:
+        """Ranks of one attempt started (one, or a gang's heard together)."""
         now = self.now()
-        rec, changed = await self._update(ev.job_id, lambda r: lifecycle.started(r, ev, now))
+        rec, changed = await self._update(evs[0].job_id, lambda r: lifecycle.started_all(r, evs, now))
         if rec is None or not changed or rec.state is not JobState.RUNNING:
             return
         key = (rec.id, rec.attempt)

@@ -56,3 +56,33 @@ async def test_publish_all_keeps_the_order_in_the_stream(nats_client: NatsClient
     sub = await bus.js.pull_subscribe(subject, durable="order", stream=names.stream_for(subject))
     msgs = await sub.fetch(30, timeout=2)
     assert [EVENTS.decode(m.data).reason for m in msgs] == [f"j{n}" for n in range(20)]
+
+
+async def test_merged_neighbours_in_a_lane_are_handled_once_and_acked_together(
+    nats_client: NatsClient, namespace: str
+) -> None:
+    names = Names(prefix=namespace)
+    bus = Bus(nats_client, names, "test")
+    await bus.ensure_streams()
+    subject = names.placement_events
+    # a1 a2 a3 b1 a4: b is in a lane of its own, so a1-a4 are neighbours in a's lane and merge; b has no merge
+    order = (("a", 1), ("a", 2), ("a", 3), ("b", 1), ("a", 4))
+    await bus.publish_all([Outgoing(subject, _released(j, n)) for j, n in order])
+    handled: list[str] = []
+    stop = asyncio.Event()
+
+    def merge(a: Released, b: Released) -> Released | None:
+        return Released(job_id=a.job_id, reason=f"{a.reason}+{b.reason}", at=b.at) if a.job_id == "a" else None
+
+    async def handler(ev: Released, _headers: Mapping[str, str]) -> None:
+        handled.append(ev.reason)
+        if sum(r.count("+") + 1 for r in handled) == len(order):
+            stop.set()
+
+    durable = names.consumer("test", "merge")
+    await asyncio.wait_for(
+        bus.consume(subject, durable, EVENTS, handler, stop, key=lambda e: e.job_id, merge=merge), 10
+    )
+    assert sorted(handled) == ["a1+a2+a3+a4", "b1"]
+    info = await bus.js.consumer_info(names.stream_for(subject), durable)
+    assert (info.num_ack_pending, info.num_pending) == (0, 0)  # every merged message acked

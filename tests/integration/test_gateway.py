@@ -33,6 +33,7 @@ from shared.schemas import (
     NODE_ADMIN,
     AdminReply,
     AllocationRecord,
+    Committed,
     JobBody,
     JobCancel,
     JobEvent,
@@ -42,6 +43,7 @@ from shared.schemas import (
     NodeChanged,
     NodeGpus,
     NodeRecord,
+    Released,
     TopologyBody,
     encode,
 )
@@ -379,6 +381,40 @@ async def test_cluster_view(gw: Gw) -> None:
             ],
         }
     ]
+
+
+async def test_the_cluster_view_shows_heartbeats_state_changes_and_gpus_as_they_come(gw: Gw) -> None:
+    """The gateway keeps the node records while `topo:gen` stays, each node's built part while it is the same, and
+    the allocations as placement's events tell them: what it shows must still be current: a heartbeat's time, a
+    node gone down, a GPU taken and given back (placement's commit and its Committed, its release and Released)."""
+    store, bus = gw.deps.store, gw.deps.bus
+
+    async def node(name: str) -> dict[str, Any]:
+        resp = await gw.client.get("/v1/cluster")
+        assert resp.status == 200
+        return next(n for d in (await resp.json())["domains"] for n in d["nodes"] if n["name"] == name)
+
+    async def jobs_on(name: str, want: list[str | None]) -> None:
+        # well inside the gateway's full-read period (ALLOCATIONS_READ_S): only the events can show the change
+        deadline = asyncio.get_running_loop().time() + 2.0
+        while (got := [g["job"] for g in (await node(name))["gpus"]]) != want:
+            assert asyncio.get_running_loop().time() < deadline, f"{name}'s GPUs show {got}, not {want}"
+            await asyncio.sleep(0.02)
+
+    await store.put_node(_node("n1", "r1"))
+    first = await node("n1")
+    await store.touch_nodes({"n1": first["last_heartbeat"] + 7.0})  # a heartbeat: no new generation
+    assert (await node("n1"))["last_heartbeat"] == first["last_heartbeat"] + 7.0
+    await store.put_node(_node("n1", "r1", state="down", reason="no heartbeat"))
+    assert ((await node("n1"))["state"], (await node("n1"))["reason"]) == ("down", "no heartbeat")
+    await store.put_node(_node("n1", "r1"))
+    held = [NodeGpus("n1", [2])]
+    assert (await store.commit(AllocationRecord(job_id="j9", attempt=1, nodes=held, committed_at=NOW))).ok
+    await bus.publish(gw.deps.names.placement_events, Committed(job_id="j9", attempt=1, nodes=held, at=NOW))
+    await jobs_on("n1", [None, None, "j9", None])
+    assert await store.release("j9")
+    await bus.publish(gw.deps.names.placement_events, Released(job_id="j9", reason="done", at=NOW, attempt=1))
+    await jobs_on("n1", [None, None, None, None])
 
 
 # -- nodes -----------------------------------------------------------------------------------------------

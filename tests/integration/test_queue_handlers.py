@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from services.placement.service import PlacementService
-from services.queue.service import QueueService
+from services.queue.service import QueueService, RankStarts, _starts
 from shared import lifecycle
 from shared.bus import Retry
 from shared.names import Names
@@ -106,6 +106,21 @@ async def test_a_start_before_its_commit_waits_for_it(queue: QueueService) -> No
     rec = await queue.store.get_job("j")
     assert rec is not None and (rec.state, rec.attempt, rec.allocation) == (JobState.RUNNING, 1, order)
     assert rec.inflight_since is None and rec.domains == ["d0"]
+    assert await _events(queue, "j") == [("placed", 1), ("running", 1)]
+
+
+async def test_a_gangs_starts_heard_together_run_it_with_one_running_event(queue: QueueService) -> None:
+    order = [NodeGpus("n0", [0]), NodeGpus("n1", [0]), NodeGpus("n2", [0])]
+    await queue.store.put_job(_job(attempt=1, inflight_since=NOW, allocation=order), new=True)
+    await queue.on_committed(Committed(job_id="j", attempt=1, nodes=order, at=NOW), {})
+    starts = [RankStarted(job_id="j", attempt=1, node=f"n{r}", rank=r, pid=1, at=NOW) for r in range(3)]
+    merged = _starts(_starts(starts[0], starts[1]), starts[2])
+    assert merged == RankStarts(tuple(starts))
+    other = RankStarted(job_id="j", attempt=2, node="n1", rank=1, pid=1, at=NOW)
+    assert _starts(starts[0], other) is None  # another attempt's
+    await queue.on_event(merged, {})
+    rec = await queue.store.get_job("j")
+    assert rec is not None and (rec.state, rec.started_ranks) == (JobState.RUNNING, [0, 1, 2])
     assert await _events(queue, "j") == [("placed", 1), ("running", 1)]
 
 

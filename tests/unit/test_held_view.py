@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.queue.view import HeldView
+from shared.held_view import HeldView
 from shared.schemas import AllocationRecord, Committed, NodeGpus, Released
 
 

@@ -186,6 +186,25 @@ def test_a_start_before_its_commit_waits_and_then_counts() -> None:
     assert after is not None and after.started_ranks == [0] and after.inflight_since is None
 
 
+def test_a_gangs_starts_heard_together_make_the_record_one_at_a_time_would() -> None:
+    """The inbox hands a gang's rank starts over together (`started_all`): the same record as one by one, a
+    repeat among them counted once, nothing new (None) when every one was already in."""
+
+    def start(rank: int, attempt: int = 2) -> RankStarted:
+        return RankStarted(job_id="j", attempt=attempt, node=f"n{rank}", rank=rank, pid=7, at=NOW)
+
+    placed = STATES["placed"]
+    one_by_one = placed
+    for ev in (start(1), start(0)):
+        one_by_one = lifecycle.started(one_by_one, ev, NOW) or one_by_one
+    together = lifecycle.started_all(placed, [start(1), start(1), start(0)], NOW)
+    assert together == one_by_one and together is not None and together.state is JobState.RUNNING
+    assert lifecycle.started_all(together, [start(0), start(1)], NOW) is None
+    assert lifecycle.started_all(placed, [start(0, attempt=1)], NOW) is None  # an older attempt's
+    part = lifecycle.started_all(placed, [start(0)], NOW)
+    assert part is not None and (part.state, part.started_ranks) == (JobState.PLACED, [0])
+
+
 def test_an_exit_before_its_start_waits() -> None:
     placed = STATES["placed"]
     with pytest.raises(NotYet):

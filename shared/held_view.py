@@ -1,9 +1,11 @@
-"""The queue's running view of who holds which GPUs, so that a kicked cycle needs no full read of them.
+"""A running view of who holds which GPUs, so that a kicked cycle (the queue) or `/v1/cluster` (the gateway) needs
+no full read of them.
 
-The timer's cycles read every allocation (`replace`); between them placement's events keep the view: a
-Committed adds the allocation, a Released drops it. Both come in order on one stream, so every commit's
-release follows it. A view that lags costs at most a rejected order (the commit script checks every GPU
-again) or a job waiting for the next event or timer cycle; it can never hand out a GPU twice.
+Full reads now and then (`replace`: the queue's timer cycles, the gateway every few seconds); between them
+placement's events keep the view: a Committed adds the allocation, a Released drops it. Both come in order on one
+stream, so every commit's release follows it. A view that lags costs the queue at most a rejected order (the
+commit script checks every GPU again) or a job waiting for the next event or timer cycle; it can never hand out
+a GPU twice. The gateway's shows a lost event until its next full read.
 """
 
 from __future__ import annotations
