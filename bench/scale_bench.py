@@ -41,7 +41,7 @@ import aiohttp
 import nats
 from nats.aio.msg import Msg
 
-from bench.e2e_bench import CpuSampler, Events, percentile, post_job, summary_ms
+from bench.e2e_bench import BenchConfig, CpuSampler, Events, busy_phase, percentile, post_job, summary_ms
 from shared.schemas import EVENTS, NodeChanged
 
 TARGETS = {"all_up_s": 60.0, "control_plane_idle_pct": 35.0, "cluster_ms": 100.0, "latency_p99_ms": 100.0}
@@ -92,33 +92,6 @@ async def single_jobs(http: aiohttp.ClientSession, url: str, events: Events, n: 
         if state == "running" and i >= 5:
             took.append(t_run - t0)
     return {"jobs": len(took), "submit_to_running_ms": summary_ms(took), "failures": dict(failures)}
-
-
-async def fill(http: aiohttp.ClientSession, url: str, events: Events, n: int, clients: int = 8) -> dict[str, Any]:
-    """`n` day-long 1-GPU jobs, submitted by `clients` concurrent clients; returns once all run (or 600 s)."""
-    ids: list[str] = []
-    refused: Counter[str] = Counter()
-    todo = iter(range(n))
-    start = time.perf_counter()
-
-    async def client() -> None:
-        for i in todo:
-            status, doc = await post_job(
-                http, url, {"name": f"fill-{i}", "tenant": "fill", "gpus": 1, "duration_s": 86_400.0}
-            )
-            if status == 202:
-                ids.append(doc["id"])
-            else:
-                refused[f"HTTP {status}: {doc.get('error')}"] += 1
-
-    await asyncio.gather(*(client() for _ in range(clients)))
-    running = 0
-    while time.perf_counter() - start < 600:
-        running = sum(1 for j in ids if "running" in events.first.get(j, {}))
-        if running == len(ids):
-            break
-        await asyncio.sleep(0.5)
-    return {"jobs": len(ids), "running": running, "refused": dict(refused), "s": round(time.perf_counter() - start, 1)}
 
 
 def time_cycles(queue: Any) -> list[tuple[bool, float]]:
@@ -191,7 +164,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             out["cluster_idle_ms"] = await time_cluster(http, stack.gateway_url, args.cluster_gets)
             out["single_jobs"] = await single_jobs(http, stack.gateway_url, events, args.latency_jobs)
             if args.running_jobs:
-                out["fill"] = await fill(http, stack.gateway_url, events, args.running_jobs)
+                # day-long 1-GPU jobs by 8 clients, until all run (e2e_bench's busy cluster)
+                out["fill"] = await busy_phase(http, stack.gateway_url, events, BenchConfig(busy=args.running_jobs))
                 before = len(cycles)
                 deadline = time.perf_counter() + 6 * settings.cycle_interval_s + 30
                 while sum(full for full, _ in cycles[before:]) < 5 and time.perf_counter() < deadline:

