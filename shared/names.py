@@ -2,7 +2,9 @@
 
 A `Names` is built from a prefix (default ``rackscale``; tests use a unique one so they can share a
 server) and a scheduling cell. All Redis keys of a cell share the hash tag ``{cell}``, so one Lua
-script can touch any of them atomically, also on Redis Cluster.
+script can touch any of them atomically, also on Redis Cluster; a cell's subjects and streams start with
+`scope` (``rackscale.c1.…``; the default cell ``c0`` keeps plain ``rackscale.…``), so several cells share one
+NATS and one Redis.
 
 Who writes what (one writer per Redis key family):
   inventory  node:*, nodestate:*, healthstate:*, nodes, heartbeats, topo:gen      placement  gpus:*, alloc:*, allocs
@@ -35,137 +37,147 @@ class StreamSpec:
     max_age_s: float = 0.0  # messages older than this are dropped; 0: kept
 
 
+DEFAULT_CELL = "c0"
+
+
 @dataclass(frozen=True, slots=True)
 class Names:
     prefix: str = "rackscale"
-    cell: str = "c0"
+    cell: str = DEFAULT_CELL
+
+    @property
+    def scope(self) -> str:
+        """What every subject and stream name starts with: the prefix, and for a cell other than the default its
+        name too, so that cells share one NATS without a subject or stream in common (as their Redis keys share
+        one Valkey under their own hash tags). The default cell keeps the names it always had."""
+        return self.prefix if self.cell == DEFAULT_CELL else f"{self.prefix}.{self.cell}"
 
     # -- subjects: JetStream (durable) ------------------------------------------------------------------
     @property
     def job_submit(self) -> str:
-        return f"{self.prefix}.jobs.submit"  # gateway → queue: JobSubmitted
+        return f"{self.scope}.jobs.submit"  # gateway → queue: JobSubmitted
 
     @property
     def job_cancel(self) -> str:
-        return f"{self.prefix}.jobs.cancel"  # gateway → queue: JobCancel
+        return f"{self.scope}.jobs.cancel"  # gateway → queue: JobCancel
 
     @property
     def job_move(self) -> str:
-        return f"{self.prefix}.jobs.move"  # migration → queue: MoveOrder / MoveAbort
+        return f"{self.scope}.jobs.move"  # migration → queue: MoveOrder / MoveAbort
 
     @property
     def orders(self) -> str:
-        return f"{self.prefix}.orders.{self.cell}"  # queue → placement: PlaceOrder / ReleaseOrder / CheckpointOrder
+        return f"{self.scope}.orders.{self.cell}"  # queue → placement: PlaceOrder / ReleaseOrder / CheckpointOrder
 
     def agent_cmd(self, node: str) -> str:
-        return f"{self.prefix}.agent.cmd.{node}"  # placement → one agent: StartRank / StopRank
+        return f"{self.scope}.agent.cmd.{node}"  # placement → one agent: StartRank / StopRank
 
     @property
     def agent_cmd_all(self) -> str:
-        return f"{self.prefix}.agent.cmd.>"
+        return f"{self.scope}.agent.cmd.>"
 
     def job_event(self, job_id: str) -> str:
-        return f"{self.prefix}.events.job.{job_id}"  # queue → anyone: JobEvent (the job's audit log)
+        return f"{self.scope}.events.job.{job_id}"  # queue → anyone: JobEvent (the job's audit log)
 
     @property
     def job_events_all(self) -> str:
-        return f"{self.prefix}.events.job.>"
+        return f"{self.scope}.events.job.>"
 
     # What the queue hears about a job from placement and the agents shares one subject prefix, so the queue
     # reads it as one inbox (one consumer, the stream's order), each job's messages in order: a rank's start
     # can't overtake its attempt's commit, which placement stores before any agent hears of the attempt.
     @property
     def placement_events(self) -> str:
-        return f"{self.prefix}.events.inbox.placement"  # placement → queue: Committed / Rejected / Released
+        return f"{self.scope}.events.inbox.placement"  # placement → queue: Committed / Rejected / Released
 
     @property
     def agent_events(self) -> str:
-        return f"{self.prefix}.events.inbox.agent"  # agents → queue: RankStarted / RankExited
+        return f"{self.scope}.events.inbox.agent"  # agents → queue: RankStarted / RankExited
 
     @property
     def events_all(self) -> str:
-        return f"{self.prefix}.events.>"  # the EVENTS stream whole: what a rebuild of the view reads in order
+        return f"{self.scope}.events.>"  # the EVENTS stream whole: what a rebuild of the view reads in order
 
     @property
     def job_inbox(self) -> str:
-        return f"{self.prefix}.events.inbox.>"  # both of the above, as the queue reads them
+        return f"{self.scope}.events.inbox.>"  # both of the above, as the queue reads them
 
     def node_event(self, node: str) -> str:
         # inventory → queue, gateway, migration: NodeChanged. One subject per node, so the node's last verdict
         # (a drain, a fatal XID) is one lookup in the log when its record must be made again (Redis lost it)
-        return f"{self.prefix}.events.node.{node}"
+        return f"{self.scope}.events.node.{node}"
 
     @property
     def node_events(self) -> str:
-        return f"{self.prefix}.events.node.>"  # every node's, as they are heard
+        return f"{self.scope}.events.node.>"  # every node's, as they are heard
 
     @property
     def migration_events(self) -> str:
-        return f"{self.prefix}.events.migration"  # migration → anyone: MigrationEvent (each step of a move)
+        return f"{self.scope}.events.migration"  # migration → anyone: MigrationEvent (each step of a move)
 
     def migration_record(self, migration_id: str) -> str:
-        return f"{self.prefix}.migrations.{migration_id}"  # migration's own record of a move (newest kept)
+        return f"{self.scope}.migrations.{migration_id}"  # migration's own record of a move (newest kept)
 
     @property
     def migration_records_all(self) -> str:
-        return f"{self.prefix}.migrations.>"
+        return f"{self.scope}.migrations.>"
 
     def job_log(self, job_id: str, attempt: int, rank: int) -> str:
-        return f"{self.prefix}.logs.{job_id}.{attempt}.{rank}"  # agent → anyone: LogChunk (a process's output)
+        return f"{self.scope}.logs.{job_id}.{attempt}.{rank}"  # agent → anyone: LogChunk (a process's output)
 
     def job_logs(self, job_id: str, attempt: int | str = "*", rank: int | str = "*") -> str:
-        return f"{self.prefix}.logs.{job_id}.{attempt}.{rank}"  # a job's logs ("*": every attempt, every rank)
+        return f"{self.scope}.logs.{job_id}.{attempt}.{rank}"  # a job's logs ("*": every attempt, every rank)
 
     @property
     def logs_all(self) -> str:
-        return f"{self.prefix}.logs.>"
+        return f"{self.scope}.logs.>"
 
     # -- subjects: core NATS (fire-and-forget or request/reply) --------------------------------------------
     @property
     def agent_register(self) -> str:
-        return f"{self.prefix}.agent.register"  # agent → inventory: AgentRegister
+        return f"{self.scope}.agent.register"  # agent → inventory: AgentRegister
 
     @property
     def agent_heartbeat(self) -> str:
-        return f"{self.prefix}.agent.heartbeat"  # agent → inventory: Heartbeat
+        return f"{self.scope}.agent.heartbeat"  # agent → inventory: Heartbeat
 
     def telemetry(self, node: str) -> str:
         # agent → inventory (queue group), migration: Telemetry. Core NATS on purpose: high rate, loss-tolerant
         # (counters are cumulative), and no stream holds it.
-        return f"{self.prefix}.telemetry.{node}"
+        return f"{self.scope}.telemetry.{node}"
 
     def telemetry_batch(self, shard: str) -> str:
         # a simulated fleet's samples together (TelemetryBatch), under `telemetry_all` so every listener has them:
         # the token starts with "_", which no node name does (services/inventory: NODE_NAME)
-        return f"{self.prefix}.telemetry._{shard}"
+        return f"{self.scope}.telemetry._{shard}"
 
     @property
     def telemetry_all(self) -> str:
-        return f"{self.prefix}.telemetry.*"
+        return f"{self.scope}.telemetry.*"
 
     @property
     def node_admin(self) -> str:
-        return f"{self.prefix}.nodes.admin"  # gateway → inventory (request/reply): NodeAdmin
+        return f"{self.scope}.nodes.admin"  # gateway → inventory (request/reply): NodeAdmin
 
     @property
     def cycle_kick(self) -> str:
-        return f"{self.prefix}.queue.kick"  # anyone → queue: run a cycle soon
+        return f"{self.scope}.queue.kick"  # anyone → queue: run a cycle soon
 
     def dead_letter(self, service: str) -> str:
-        return f"{self.prefix}.dlq.{service}"  # malformed messages, with the error and the original subject
+        return f"{self.scope}.dlq.{service}"  # malformed messages, with the error and the original subject
 
     # -- streams and consumers ---------------------------------------------------------------------------
     def _stream(self, suffix: str) -> str:
-        return f"{self.prefix.upper().replace('.', '_').replace('-', '_')}_{suffix}"
+        return f"{self.scope.upper().replace('.', '_').replace('-', '_')}_{suffix}"
 
     @property
     def streams(self) -> tuple[StreamSpec, ...]:
         return (
             StreamSpec(self._stream("JOBS"), (self.job_submit, self.job_cancel, self.job_move), sync_always=True),
-            StreamSpec(self._stream("ORDERS"), (f"{self.prefix}.orders.>",), sync_always=True),
+            StreamSpec(self._stream("ORDERS"), (f"{self.scope}.orders.>",), sync_always=True),
             StreamSpec(self._stream("AGENT"), (self.agent_cmd_all,), sync_always=True),
             StreamSpec(self._stream("EVENTS"), (self.events_all,), sync_always=True),
-            StreamSpec(self._stream("DLQ"), (f"{self.prefix}.dlq.>",), sync_always=False),
+            StreamSpec(self._stream("DLQ"), (f"{self.scope}.dlq.>",), sync_always=False),
             # one MigrationRecord per move, the newest only: what a restarted migration service resumes from
             StreamSpec(self._stream("MIGRATIONS"), (self.migration_records_all,), sync_always=True, per_subject=1),
             # each process's output: the newest LOG_CHUNKS_PER_RANK chunks per rank, a week, 1 GiB in all

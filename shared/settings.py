@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from shared.core.cycle import LEND_MIN_NODES
 from shared.core.policies import RUNNABLE
-from shared.names import Names
+from shared.names import DEFAULT_CELL, Names
 from shared.redis_client import parse_redis_url
 
 __all__ = ["Setting", "Settings", "SettingsError"]
@@ -150,7 +150,13 @@ class Settings:
         "Redis/Valkey: one server, a Sentinel set as redis+sentinel://h1:26379,h2:26379/mymaster/0 or a cluster "
         "as redis+cluster://h1:6379,h2:6379 (shared.redis_client); unset: embedded valkey-server",
     )
-    cell: str = _env("RACKSCALE_CELL", _cell, "c0", "scheduling cell, used as the Redis hash tag {cell}", kind="name")
+    cell: str = _env(
+        "RACKSCALE_CELL",
+        _cell,
+        DEFAULT_CELL,
+        "scheduling cell: the Redis hash tag {cell}, and in subjects and streams past the default one",
+        kind="name",
+    )
     prefix: str = _env(
         "RACKSCALE_PREFIX", _cell, "rackscale", "prefix of every subject, stream and Redis key", kind="name"
     )
