@@ -263,11 +263,12 @@ async def test_sigkill_mid_resize_under_a_burst_loses_nothing_and_books_no_gpu_t
     assert sizes[1] == 16 and sizes[grown["attempt"]] == MOST, sizes
     assert sizes[shrunk["attempt"]] == gpus_of(shrunk["allocation"]) < MOST, sizes
     # the victim was frozen mid-move: the read just before saw E's checkpoint begun (the record's times, taken
-    # before its writes) and its next attempt not running yet
+    # before its writes) and no later attempt running yet (the move's own attempt may never run: the kill can
+    # cut off its order, and a later attempt runs instead; seen once in a full run, E's ranks ran attempts 1, 3, 4)
     ((moved, seen_from, seen_to),) = killed_from
     mine = [le.event for le in history.job_events if le.event.job_id == elastic]
     began = min(ev.at for ev in mine if ev.attempt == moved and ev.state is JobState.MIGRATING)
-    ran = min(ev.at for ev in mine if ev.attempt == moved + 1 and ev.state is JobState.RUNNING)
+    ran = min(ev.at for ev in mine if ev.attempt > moved and ev.state is JobState.RUNNING)
     assert began <= seen_to and ran >= seen_from, (began, seen_from, seen_to, ran)
     # within its bounds in every allocation interval
     assert not size_violations(history, elastic, LEAST, MOST)
