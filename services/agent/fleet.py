@@ -7,7 +7,9 @@
 (hundreds of fetch loops), it binds one durable consumer on every node's command subject and hands each
 command to the agent of its node; commands for nodes it doesn't run are acked and logged. A fleet too big for
 one process runs as shards (`shard=`, `python -m services.fleet --first-domain`), each a child process whose
-consumer takes only its own nodes' commands.
+consumer takes only its own nodes' commands (filter subjects: NATS 2.10 and later; an older server ignores them,
+and each shard's own consumer then sees every command and passes over the others': correct, each command is
+delivered once to every shard).
 
 Instead of a message per agent and period, the fleet sends its agents' reports (`AgentReports`) and telemetry
 samples (`TelemetryBatch`) together: every `REPORT_TICK_S` the agents whose `phase` falls in that slot of the
@@ -221,6 +223,12 @@ class AgentFleet(Service):
             # a stopped agent's commands wait in the stream, as they would for its own durable consumer
             raise Retry(f"the agent of {cmd.node} is stopped")
         await agent.handle(cmd, headers)
+
+    async def takes_own_commands_only(self) -> bool:
+        """Whether this shard's consumer is filtered to its nodes' commands (the server kept the filter subjects)."""
+        n = self.names
+        info = await self.bus.js.consumer_info(n.stream_for(n.agent_cmd_all), n.consumer(self.name, self.durable))
+        return bool(info.config.filter_subjects)
 
     async def on_stop(self) -> None:
         await asyncio.gather(*(a.stop(grace_s=self.stop_grace_s) for a in self.agents.values()))
