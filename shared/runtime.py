@@ -151,6 +151,18 @@ class Service:
         return self.deps.metrics.render() + await self.extra_metrics()
 
 
+async def in_groups(steps: list[Coroutine[Any, Any, Any]], size: int) -> None:
+    """Run independent steps (each of its own job or node), `size` at a time: their round trips overlap instead
+    of waiting one behind the other, and a step's own writes stay in order (one coroutine). The first failure is
+    raised once its group is done; the steps after it are not run (closed), as after a failure one by one."""
+    for i in range(0, len(steps), size):
+        done = await asyncio.gather(*steps[i : i + size], return_exceptions=True)
+        if failed := next((e for e in done if isinstance(e, BaseException)), None):
+            for later in steps[i + size :]:
+                later.close()
+            raise failed
+
+
 async def run(service: Service) -> None:
     """Run until SIGTERM/SIGINT, then drain gracefully."""
     loop = asyncio.get_running_loop()

@@ -186,12 +186,13 @@ class AgentFleet(Service):
                 await send(agents)
             k += 1
 
-    async def _send_reports(self, agents: list[AgentService], make: Make = AgentService.next_report) -> None:
-        await self._send(agents, make, self.names.agent_heartbeat, lambda items: AgentReports(reports=items))
+    async def _send_reports(self, agents: list[AgentService]) -> None:
+        subject = self.names.agent_heartbeat
+        await self._send(agents, AgentService.next_report, subject, lambda items: AgentReports(reports=items))
 
-    async def _send_samples(self, agents: list[AgentService], make: Make = AgentService.next_sample) -> None:
-        token = self.shard or "fleet"
-        await self._send(agents, make, self.names.telemetry_batch(token), lambda items: TelemetryBatch(samples=items))
+    async def _send_samples(self, agents: list[AgentService]) -> None:
+        subject = self.names.telemetry_batch(self.shard or "fleet")
+        await self._send(agents, AgentService.next_sample, subject, lambda items: TelemetryBatch(samples=items))
 
     async def _send(
         self, agents: list[AgentService], make: Make, subject: str, wrap: Callable[[list[Any]], msgspec.Struct]

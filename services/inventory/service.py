@@ -47,7 +47,7 @@ from shared.core.topology_io.agents import NO_FABRIC_UUIDS
 from shared.health import HealthRules, merge_health
 from shared.liveness import Hearing, lost, may_judge, observe, overdue, silent_for
 from shared.redis_client import UNAVAILABLE
-from shared.runtime import Deps, Service
+from shared.runtime import Deps, Service, in_groups
 from shared.schemas import (
     AGENT_REPORTS,
     EVENTS,
@@ -340,12 +340,7 @@ class InventoryService(Service):
             else:
                 news.append(reg)
         await self.store.touch_nodes(seen)
-        for i in range(0, len(news), REGISTER_CONCURRENCY):
-            done = await asyncio.gather(
-                *(self.register(r) for r in news[i : i + REGISTER_CONCURRENCY]), return_exceptions=True
-            )
-            if failed := next((e for e in done if isinstance(e, BaseException)), None):
-                raise failed
+        await in_groups([self.register(r) for r in news], REGISTER_CONCURRENCY)
         for reg in regs:
             self.ranks.observe(reg.node, reg.ranks, now)
             self._heard[reg.node] = now

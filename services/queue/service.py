@@ -37,7 +37,7 @@ from shared.job_cache import CHANGES_LISTED, JobCache
 from shared.jobs import body_segments, launch_of, record_spec
 from shared.launch import master_port
 from shared.liveness import Hearing, observe, overdue
-from shared.runtime import Deps, Service
+from shared.runtime import Deps, Service, in_groups
 from shared.schemas import (
     EVENTS,
     HOLDING,
@@ -117,19 +117,6 @@ def _redelivered_if_early() -> Iterator[None]:
 
 
 CYCLE_WRITES_AT_ONCE = 64  # a cycle's orders and reasons in flight at once (each its own job's round trips)
-
-
-async def together(writes: list[Coroutine[Any, Any, None]]) -> None:
-    """Run a cycle's writes, each of its own job, `CYCLE_WRITES_AT_ONCE` at a time: a burst's hundred orders
-    overlap their round trips instead of waiting one behind the other (each job's writes stay in order: one
-    coroutine). The first failure is raised once its group is done; the writes after it are not made (their
-    jobs are decided again next cycle, as after a failure in the middle of the decisions)."""
-    for i in range(0, len(writes), CYCLE_WRITES_AT_ONCE):
-        done = await asyncio.gather(*writes[i : i + CYCLE_WRITES_AT_ONCE], return_exceptions=True)
-        if failed := next((e for e in done if isinstance(e, BaseException)), None):
-            for later in writes[i + CYCLE_WRITES_AT_ONCE :]:
-                later.close()
-            raise failed
 
 
 class QueueService(Service):
@@ -627,7 +614,8 @@ class QueueService(Service):
             # most cycles change no reason: skip those round trips
             elif isinstance(d, Pending | Reserve) and jobs[d.job_id].reason != d.reason:
                 writes.append(self._set_reason(d.job_id, d.reason, now))
-        await together(writes)
+        # a burst's hundred orders overlap their round trips; after a failure the rest are decided again next cycle
+        await in_groups(writes, CYCLE_WRITES_AT_ONCE)
         await self._share_reservations(topo, now)
 
     def _note_changes(self) -> None:
