@@ -62,6 +62,13 @@ class JobBody(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=T
     time_limit_s: Annotated[float, msgspec.Meta(gt=0)] | None = None  # hard: stopped past it, ends failed
     processes: Processes = "per_node"
     slurm_env: bool = False  # also the launch contract's facts under Slurm's names (SLURM_PROCID, ...)
+    # an array of tasks, Slurm's --array syntax ("0-99%8"; shared/core/arrays.py); None: one job
+    array: Annotated[str, msgspec.Meta(max_length=1024)] | None = None
+    # what it waits for, Slurm's --dependency syntax ("afterok:ID:ID,singleton"; shared/core/dependencies.py)
+    dependency: Annotated[str, msgspec.Meta(max_length=8192)] = ""
+    # also write each rank's output to this file on its node (Slurm's --output; %j job id, %x name, %t rank,
+    # %N node, %A array id, %a task index, %% a percent sign); "": only the job's log
+    output: Annotated[str, msgspec.Meta(max_length=4096)] = ""
 
 
 class NodeAdmin(msgspec.Struct, kw_only=True, frozen=True):

@@ -18,6 +18,8 @@ import msgspec
 
 from shared import launch
 from shared.core import JobSpec, Need, ShapeError, Topology, request, segments
+from shared.core.arrays import ArraySyntaxError, parse_array
+from shared.core.dependencies import DependencySyntaxError, parse_dependency
 from shared.core.shape import check_elastic, check_segment_order
 from shared.jobs import job_spec
 from shared.schemas import ENV_TOTAL_MAX, JOB_BODY_JSON, JobBody
@@ -139,6 +141,22 @@ def check_launch(body: JobBody) -> ApiError | None:
         return ApiError(422, f"env: {size} bytes of names and values, at most {ENV_TOTAL_MAX}", "env")
     if body.workdir and (not body.workdir.startswith("/") or "\0" in body.workdir):
         return ApiError(422, "workdir: an absolute path (or empty: the agent's own)", "workdir")
+    if body.output and (not body.output.startswith("/") or "\0" in body.output):
+        return ApiError(422, "output: an absolute path pattern (or empty: only the job's log)", "output")
+    return check_array_and_dependency(body)
+
+
+def check_array_and_dependency(body: JobBody) -> ApiError | None:
+    """The 422 naming `array` or `dependency` when its Slurm-syntax value doesn't parse."""
+    try:
+        if body.array is not None:
+            parse_array(body.array)
+    except ArraySyntaxError as e:
+        return ApiError(422, f"array: {body.array!r} {e}", "array")
+    try:
+        parse_dependency(body.dependency)
+    except DependencySyntaxError as e:
+        return ApiError(422, f"dependency: {e}", "dependency")
     return None
 
 
