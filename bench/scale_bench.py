@@ -46,7 +46,7 @@ from shared.schemas import EVENTS, NodeChanged
 
 TARGETS = {"all_up_s": 60.0, "control_plane_idle_pct": 35.0, "cluster_ms": 100.0, "latency_p99_ms": 100.0}
 FULL_CYCLE_TARGET_MS = 250.0
-CONTROL_PLANE = ("stack", "nats-server", "valkey")
+CONTROL_PLANE = ("stack", "nats-server", "valkey", "gateway")  # "gateway": when in a process of its own
 
 
 class Verdicts:
@@ -111,7 +111,7 @@ def time_cycles(queue: Any) -> list[tuple[bool, float]]:
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
-    from services.cli.up import fleet_processes_for
+    from services.cli.up import fleet_processes_for, in_process_for
     from services.stack import Stack, StackOptions
     from shared.settings import Settings
 
@@ -119,13 +119,24 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     settings = Settings(prefix=prefix, gateway_port=0, log_level="WARNING")
     nodes = args.domains * 18
     shards = args.fleet_processes if args.fleet_processes is not None else fleet_processes_for(nodes)
-    stack = Stack(StackOptions(domains=args.domains, settings=settings, agents=False, fleet_timeout_s=args.up_timeout))
+    in_process = StackOptions.in_process if args.gateway_in_process else in_process_for(shards)
+    stack = Stack(
+        StackOptions(
+            domains=args.domains,
+            settings=settings,
+            agents=False,
+            fleet_timeout_s=args.up_timeout,
+            in_process=in_process,
+        )
+    )
     out: dict[str, Any] = {
         "config": vars(args) | {"fleet_processes": shards},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_at_start": os.getloadavg()},
         "fleet": {"domains": args.domains, "nodes": nodes, "gpus": nodes * 4},
     }
     await stack.start()
+    if "gateway" in stack.processes:
+        await stack.wait_gateway(60.0)
     names = settings.names()
     nc = await nats.connect(stack.nats_url)
     verdicts, events = Verdicts(), Events()
@@ -142,6 +153,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             if server is not None and server.pid is not None:
                 pids[name] = server.pid
         pids.update({f"fleet-{i}": p.pid for i, p in enumerate(stack.fleet_shards)})
+        pids.update({name: p.pid for name, p in stack.processes.items()})
         sampler = CpuSampler(pids, period_s=1.0)
         sampling = asyncio.ensure_future(sampler.run())
         verdicts.states.clear()
@@ -216,6 +228,11 @@ def main() -> None:
     p.add_argument("--running-jobs", type=int, default=5000)
     p.add_argument("--cluster-gets", type=int, default=20)
     p.add_argument("--up-timeout", type=float, default=300.0)
+    p.add_argument(
+        "--gateway-in-process",
+        action="store_true",
+        help="the gateway in the services' process (default: as `rackscale up` chooses: its own past 576 nodes)",
+    )
     args = p.parse_args()
     print(json.dumps(asyncio.run(bench(args)), indent=2, default=str))
 

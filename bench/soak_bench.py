@@ -75,13 +75,13 @@ import aiohttp
 import nats
 
 from services.stack import Stack, StackOptions
-from shared.embedded import EmbeddedNats, EmbeddedValkey
+from shared.embedded import EmbeddedNats, EmbeddedValkey, free_port
 from shared.redis_client import redis_client
 from shared.schemas import EVENTS, JobState, NodeChanged
 from shared.settings import Settings
 from tests.e2e.conftest import E2E
 from tests.faults.burst import Burst, mixed_burst
-from tests.faults.harness import free_port, jobs_at_end, settled
+from tests.faults.harness import jobs_at_end, settled
 from tests.history import ALL_NODES, NO_ANSWER, History, Recorder, check, summary
 from tests.servers import snapshot, swap_in
 

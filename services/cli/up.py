@@ -47,11 +47,20 @@ class UpOptions:
 # this many nodes each at most (5,004 agents in one process with the services made their beats late: nodes flapped).
 IN_PROCESS_NODES = 576
 NODES_PER_FLEET_PROCESS = 1800
+GATEWAY_START_S = 60.0  # a gateway in a child process answers within this (it's up in ~1-2 s)
 
 
 def fleet_processes_for(nodes: int) -> int:
     """Child processes for a simulated fleet of `nodes` nodes (0: in the services' process)."""
     return 0 if nodes <= IN_PROCESS_NODES else -(-nodes // NODES_PER_FLEET_PROCESS)
+
+
+def in_process_for(fleet_processes: int) -> tuple[str, ...]:
+    """The services `up` runs in its own process. With a fleet big enough for child processes, the gateway gets one
+    of its own, as deployed: in the shared event loop `/v1/cluster` waited behind the queue's full cycle
+    (docs/performance.md, "The fleet at scale")."""
+    services = ("inventory", "placement", "queue", "gateway")
+    return services if fleet_processes == 0 else services[:-1]
 
 
 class StartError(Exception):
@@ -146,7 +155,7 @@ def banner(
 
 async def serve(opts: UpOptions, out: Out, stop: asyncio.Event | None = None) -> int:
     """Start the stack, print where it is, run until `stop` (set by SIGINT/SIGTERM), stop it; exit code."""
-    from services.stack import FleetStartError, Stack, StackOptions  # heavy imports: only for `up`
+    from services.stack import FleetStartError, GatewayStartError, Stack, StackOptions  # heavy: only for `up`
     from shared.embedded import BinaryNotFoundError, ServerStartError
 
     settings = settings_for(opts)
@@ -159,6 +168,11 @@ async def serve(opts: UpOptions, out: Out, stop: asyncio.Event | None = None) ->
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     embedded = {"nats": settings.nats_url is None, "redis": settings.redis_url is None}
+    fleet_processes = (
+        opts.fleet_processes
+        if opts.fleet_processes is not None
+        else fleet_processes_for(opts.domains * opts.nodes_per_domain)
+    )
     stack = Stack(
         StackOptions(
             domains=opts.domains,
@@ -166,21 +180,22 @@ async def serve(opts: UpOptions, out: Out, stop: asyncio.Event | None = None) ->
             gpus_per_node=opts.gpus_per_node,
             settings=settings,
             log_dir=opts.log_dir,
-            fleet_processes=(
-                opts.fleet_processes
-                if opts.fleet_processes is not None
-                else fleet_processes_for(opts.domains * opts.nodes_per_domain)
-            ),
+            fleet_processes=fleet_processes,
+            in_process=in_process_for(fleet_processes),
         )
     )
     try:
         out(f"starting Rackscale ({opts.domains} domains) ...")
         try:
             await stack.start()
+            if "gateway" in stack.processes:
+                await stack.wait_gateway(GATEWAY_START_S)
         except (BinaryNotFoundError, ServerStartError) as e:
             raise StartError(f"error: an embedded server did not start: {e}") from None
         except FleetStartError as e:
             raise StartError(f"error: the simulated agents did not come up: {e}") from None
+        except GatewayStartError as e:
+            raise StartError(f"error: {e}") from None
         except OSError as e:
             if _is_addr_in_use(e):
                 raise StartError(port_taken_message(settings.gateway_host, settings.gateway_port)) from None

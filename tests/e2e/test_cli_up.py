@@ -147,9 +147,14 @@ def assert_stopped_cleanly(proc: subprocess.Popen[str], out: Lines, servers: dic
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the server processes through /proc")
-def test_up_serves_the_cli_and_stops_cleanly_on_ctrl_c() -> None:
+@pytest.mark.parametrize(
+    "more",
+    [[], ["--fleet-processes", "1"]],  # the second: agents and gateway in child processes, as a large fleet runs
+    ids=["one-process", "child-processes"],
+)
+def test_up_serves_the_cli_and_stops_cleanly_on_ctrl_c(more: list[str]) -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "up", "--domains", "1", "--port", "0"],
+        [sys.executable, "-m", "services.cli", "up", "--domains", "1", "--port", "0", *more],
         cwd=ROOT,
         env=child_env(),
         stdout=subprocess.PIPE,
@@ -160,7 +165,8 @@ def test_up_serves_the_cli_and_stops_cleanly_on_ctrl_c() -> None:
     try:
         url = out.wait_for(r"gateway\s+(http://127\.0\.0\.1:\d+)", START_S).group(1)
         out.wait_for(r"submit --gpus 64 --name demo --tenant me --duration 30", 5)
-        servers = embedded_servers(proc)
+        servers = embedded_servers(proc) | descendants(proc.pid)  # and the child processes, when there are any
+        assert len(servers) == len(SERVERS) + (2 if more else 0), servers
 
         sub = cli("submit", "--gpus", "8", "--name", "e2e", "--tenant", "test", "--duration", "0.5", "--url", url)
         assert sub.returncode == 0, sub.stderr

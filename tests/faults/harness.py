@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -21,12 +20,6 @@ from tests.faults.burst import Burst, mixed_burst
 from tests.history import History, Logged, Recorder, check, summary
 
 JOBS = 100  # the burst of every fault test, on 2 NVLink domains of 18 four-GPU nodes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def started_count(log_dir: Path, name: str) -> int:

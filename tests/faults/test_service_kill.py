@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import pytest
 
+from shared.embedded import free_port
 from tests.e2e.conftest import E2E, StackFactory, service_errors
 from tests.faults.burst import Burst, mixed_burst
 from tests.faults.harness import (
     assert_sound,
-    free_port,
     freeze_kill_restart,
     plant_double_booking,
     settled,

@@ -126,6 +126,14 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
     assert "error:" in capsys.readouterr().err
 
 
+def test_up_gives_a_large_fleet_and_the_gateway_processes_of_their_own() -> None:
+    from services.cli.up import fleet_processes_for, in_process_for
+
+    assert fleet_processes_for(4 * 18) == 0 and "gateway" in in_process_for(0)
+    shards = fleet_processes_for(278 * 18)  # 5,004 nodes: at most 1,800 a process
+    assert shards == 3 and in_process_for(shards) == ("inventory", "placement", "queue")
+
+
 def test_up_and_demo_defaults() -> None:
     up = parse("up")
     assert (up.domains, up.policy, up.port, up.nats_url, up.redis_url) == (4, None, None, None, None)
