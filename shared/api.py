@@ -3,7 +3,7 @@ them (`services/gateway/views.py`), /openapi.json describes them, and clients (t
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -39,6 +39,27 @@ class Placed(msgspec.Struct, kw_only=True):
     domain: str
     node: str
     gpus: list[int]
+
+
+class DryRunView(msgspec.Struct, kw_only=True):
+    """POST /v1/jobs?dry_run=true: where the job would go if it were submitted now, as the queue leader's next cycle
+    would decide on its current state with the job added. Nothing is stored or published: the job doesn't exist.
+
+    `start`: `now` (it fits now: `allocation` is where), `later` (it would wait: `forecast_start` is when its
+    reservation starts, or an estimate when the reservations ahead of it use up the cycle's depth; null when no start
+    can be forecast), `never` (it can't run on the fleet as it is: health, drains). `reason` is the pending reason
+    the queue would give it (when it starts now: whom it displaces, else "")."""
+
+    start: Literal["now", "later", "never"]
+    allocation: list[Placed]  # where it starts now, or its reserved (or estimated) layout; [] when neither
+    domains: list[str]  # the NVLink domains of that layout, in order
+    gpus: int  # GPUs of that layout (an elastic job's size); without one, what it asks for
+    segment: int | None  # the layout's segment size (a flexible job's may be smaller than its first)
+    forecast_start: float | None  # Unix seconds
+    reason: str
+    reserved: bool  # the cycle would hold a reservation for it (false for an estimate)
+    preempts: int  # jobs of lower priority it would preempt to start now
+    shrinks: int  # elastic jobs it would shrink to start (it starts once they gave their GPUs back)
 
 
 class RankExitView(msgspec.Struct, kw_only=True):

@@ -160,6 +160,10 @@ class Names:
         return f"{self.scope}.nodes.admin"  # gateway → inventory (request/reply): NodeAdmin
 
     @property
+    def dry_run(self) -> str:
+        return f"{self.scope}.queue.dry_run"  # gateway → the queue leader (request/reply): DryRunRequest
+
+    @property
     def cycle_kick(self) -> str:
         return f"{self.scope}.queue.kick"  # anyone → queue: run a cycle soon
 

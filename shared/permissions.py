@@ -94,6 +94,7 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
             n.job_submit,
             n.job_cancel,
             n.node_admin,
+            n.dry_run,  # asks the queue leader where a job would go
             # a job without a record is "not yet" while the queue's submit consumer has submits to handle
             f"{JS_API}.CONSUMER.INFO.{stream(n.job_submit)}.{n.consumer('queue', 'submit')}",
             # a job's logs read back through ordered consumers
@@ -133,7 +134,7 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
         # server-sent events; placement's commits and releases keep /v1/cluster's allocations between full reads
         "gateway": [n.job_events_all, n.node_events, n.placement_events],
         "inventory": [n.agent_register, n.agent_heartbeat, n.telemetry_all, n.node_admin],
-        "queue": [n.cycle_kick],
+        "queue": [n.cycle_kick, n.dry_run],
         "placement": [],
         "migration": [n.job_events_all, n.telemetry_all],  # moves' progress (hints); heat per domain
         "agent": [],
@@ -146,7 +147,7 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
         out[service] = Permissions(
             publish=tuple(pub),
             subscribe=(*subscribe[service], INBOX),  # JetStream and request replies come to the inbox
-            allow_responses=service == "inventory",  # answers the gateway's drain requests
+            allow_responses=service in ("inventory", "queue"),  # answer the gateway's drains and dry runs
             consumers=tuple(consume[service]),
         )
     return out

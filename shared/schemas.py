@@ -89,6 +89,32 @@ class AdminReply(msgspec.Struct, kw_only=True, frozen=True):
     state: str = ""
 
 
+class DryRunRequest(msgspec.Struct, kw_only=True, frozen=True):
+    """gateway → the queue leader (request/reply): where would this job go if it were submitted now? A submit's
+    fields; the leader decides on its cycle's state with the job added and stores and publishes nothing."""
+
+    job_id: str
+    spec: JobBody
+    submitted_at: float
+
+
+class DryRunReply(msgspec.Struct, kw_only=True, frozen=True):
+    """The queue leader's answer (`shared.core.dry_run`); `ok` False: it couldn't decide now (`error` says why)."""
+
+    ok: bool
+    error: str = ""
+    start: Literal["now", "later", "never"] = "later"
+    allocation: list[NodeGpus] = []  # where it starts now, or its reserved or estimated layout
+    domains: list[str] = []
+    gpus: int = 0
+    segment: int | None = None
+    forecast_start: float | None = None
+    reason: str = ""
+    reserved: bool = False
+    preempts: int = 0  # jobs it would preempt to start now
+    shrinks: int = 0  # elastic jobs it would shrink to start
+
+
 # -- records in Redis --------------------------------------------------------------------------------------
 
 
@@ -629,6 +655,8 @@ TELEMETRY = msgspec.msgpack.Decoder(TelemetryMessage)
 EVENTS = msgspec.msgpack.Decoder(Event)
 NODE_ADMIN = msgspec.msgpack.Decoder(NodeAdmin)
 ADMIN_REPLY = msgspec.msgpack.Decoder(AdminReply)
+DRY_RUN_REQUEST = msgspec.msgpack.Decoder(DryRunRequest)
+DRY_RUN_REPLY = msgspec.msgpack.Decoder(DryRunReply)
 LOG_CHUNK = msgspec.msgpack.Decoder(LogChunk)
 JOB_RECORD = msgspec.msgpack.Decoder(JobRecord)
 ALLOCATION_RECORD = msgspec.msgpack.Decoder(AllocationRecord)

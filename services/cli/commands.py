@@ -79,6 +79,8 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
 
 def submit(args: argparse.Namespace, client: Client, out: Out) -> int:
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
+    if args.test_only:
+        return test_only(args, client, out, headers)
     resp = client.post("/v1/jobs", job_body(args), headers=headers)
     doc = resp.body or {}
     if args.json:
@@ -88,6 +90,44 @@ def submit(args: argparse.Namespace, client: Client, out: Out) -> int:
     else:
         out(f"{doc.get('id')}: submitted ({doc.get('state')})")
     return 0
+
+
+def test_only(args: argparse.Namespace, client: Client, out: Out, headers: dict[str, str] | None) -> int:
+    """`submit --test-only`: the dry run's answer (POST /v1/jobs?dry_run=true); nothing is submitted."""
+    doc = client.request("POST", "/v1/jobs", job_body(args), query={"dry_run": "true"}, headers=headers).body or {}
+    if args.json:
+        _print_json(out, doc)
+    else:
+        out(describe_dry_run(doc, time.time()))
+    return 0
+
+
+def describe_dry_run(d: dict[str, Any], now: float) -> str:
+    """A dry run's answer in words: when the job would start, where, and why it would wait."""
+    alloc = d.get("allocation") or []
+    where = ""
+    if alloc:
+        domains = d.get("domains") or list(dict.fromkeys(p.get("domain") or "?" for p in alloc))
+        seg = f", segments of {d['segment']} nodes" if d.get("segment") else ""
+        where = f" on {d.get('gpus', 0)} GPUs ({len(alloc)} nodes) in {', '.join(domains)}{seg}"
+    start = d.get("start")
+    if start == "now":
+        lines = [f"would start now{where}"]
+    elif start == "never":
+        lines = ["would never start on the fleet as it is"]
+    elif d.get("forecast_start") is not None:
+        how = "reserved" if d.get("reserved") else "estimated: the reservations ahead of it fill the cycle's depth"
+        lines = [f"would wait: expected to start in {span(max(0.0, d['forecast_start'] - now))} ({how}){where}"]
+    else:
+        lines = ["would wait: no start can be forecast now"]
+    if d.get("reason"):
+        lines.append(("why: " if start == "now" else "reason: ") + d["reason"])
+    by_domain: dict[str, list[str]] = {}
+    for p in alloc:
+        by_domain.setdefault(p.get("domain") or "?", []).append(f"{p['node']}[{_gpu_list(p['gpus'])}]")
+    lines += [f"  {dom}: {' '.join(nodes)}" for dom, nodes in by_domain.items()]
+    lines.append("(a dry run: nothing was submitted)")
+    return "\n".join(lines)
 
 
 # -- jobs and job --------------------------------------------------------------------------------------------

@@ -93,6 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--per-gpu", action="store_true", help="one process per GPU (srun style; default one per node)")
     s.add_argument("--slurm-env", action="store_true", help="also SLURM_* aliases of the launch contract")
     s.add_argument("--idempotency-key", default=None, help="a retry with the same key names the same job")
+    s.add_argument(
+        "--test-only",
+        action="store_true",
+        help="submit nothing: say where the job would start now, or when and why it would wait (a dry run)",
+    )
     s.add_argument("cmd", nargs="*", metavar="-- CMD", help="the command each rank runs (none: a simulated run)")
 
     js = sub.add_parser("jobs", parents=[api], help="list jobs")

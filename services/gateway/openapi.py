@@ -24,6 +24,7 @@ _SCHEMA_TYPES: tuple[Any, ...] = (
     JobBody,
     api.Accepted,
     api.JobView,
+    api.DryRunView,
     api.JobList,
     api.MigrationList,
     api.ClusterView,
@@ -126,18 +127,34 @@ def _admin(action: str, op: str = "", summary: str = "") -> dict[str, Any]:
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/jobs"): {
         "operationId": "submitJob",
-        "summary": "Submit a job",
+        "summary": "Submit a job (with `dry_run`: where it would go now, without submitting it)",
+        "description": "With `dry_run=true` (or `1`) the body is checked as a submit's (the same errors), then the "
+        "queue leader answers where the job would start now, or when and why it would wait (DryRunView), by its next "
+        "cycle's own decision on its current state. Nothing is stored or published: the job doesn't exist afterwards.",
         "tags": ["jobs"],
-        "parameters": [_IDEMPOTENCY_KEY],
+        "parameters": [
+            _IDEMPOTENCY_KEY,
+            {
+                "name": "dry_run",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string", "enum": ["true", "false", "1", "0"]},
+                "description": "true or 1: answer where the job would go (200 DryRunView) instead of submitting it",
+            },
+        ],
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobBody")}}},
         "responses": {
             "202": _json("Accepted", "accepted: the job is pending"),
-            "200": _json("JobView", "an earlier submit with this Idempotency-Key: the job as it is now"),
+            "200": {
+                "description": "a dry run: where the job would go (DryRunView); or an earlier submit with this "
+                "Idempotency-Key: the job as it is now (JobView)",
+                "content": {"application/json": {"schema": {"anyOf": [_ref("DryRunView"), _ref("JobView")]}}},
+            },
             "400": _error("not JSON, not an object, or a bad Idempotency-Key"),
             "403": _error("a user token submitting for another tenant"),
             "413": {"description": "body larger than 1 MiB"},
-            "422": _error("invalid job; `field` names the offending input"),
-            "503": _error("the bus or Redis is unavailable"),
+            "422": _error("invalid job or dry_run value; `field` names the offending input"),
+            "503": _error("the bus or Redis is unavailable; for a dry run, no queue leader answered"),
         },
     },
     ("get", "/v1/jobs"): {

@@ -23,12 +23,12 @@ from aiohttp import web
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from services.gateway import auth, dashboard, openapi, views
+from services.gateway import auth, dashboard, dry_run, openapi, views
 from services.gateway.auth import Principal, Tokens
 from services.gateway.metrics import cluster_metrics
 from services.gateway.validation import MAX_SEQ, ApiError, check_idempotency_key, check_job, decode_job, decode_json
 from shared import api, sse
-from shared.core import Topology
+from shared.core import JobSpec, Topology
 from shared.held_view import HeldView
 from shared.joblog import read_log
 from shared.metrics import metrics_response
@@ -191,12 +191,18 @@ class Gateway:
 
     # -- jobs ------------------------------------------------------------------------------------------
     async def submit(self, request: web.Request) -> web.Response:
+        dry = dry_run.asked(request.query)
+        if isinstance(dry, ApiError):
+            return api_error(dry)
         body = decode_job(await request.read())
         if isinstance(body, ApiError):
             return api_error(body)
         who = auth.principal(request)
         if not who.may_see(body.tenant):
             return error_response(403, f"this token submits as tenant {who.tenant}, not {body.tenant}", "tenant")
+        if dry:  # checked as a submit is, then answered by the queue leader: nothing is stored or published
+            answer = await dry_run.answer(self, request, body)
+            return api_error(answer) if isinstance(answer, ApiError) else json_response(answer)
         key = request.headers.get("Idempotency-Key")
         if key is not None:
             bad = check_idempotency_key(key)
@@ -208,13 +214,7 @@ class Gateway:
                 return await self._resubmitted(existing, body)
         else:
             job_id = uuid.uuid4().hex
-        checked = check_job(body, job_id, await self.submit_topology(SUBMIT_TOPOLOGY_MAX_AGE_S))
-        if isinstance(checked, ApiError):
-            checked = check_job(body, job_id, await self.submit_topology())
-        if isinstance(checked, ApiError) and self._widest is not None:
-            # nodes Redis lost register again one by one: a fleet that was bigger still takes the job (and
-            # what it can't take is said of it)
-            checked = check_job(body, job_id, self._widest)
+        checked = await self.checked_job(body, job_id)
         if isinstance(checked, ApiError):
             return api_error(checked)
         msg = JobSubmitted(job_id=job_id, spec=body, submitted_at=self.now())
@@ -225,6 +225,17 @@ class Gateway:
             await self.deps.bus.publish(self.deps.names.job_submit, msg, msg_id=job_id, headers=hdrs)
         accepted = api.Accepted(id=job_id, state=JobState.PENDING.value)
         return json_response(accepted, 202, headers={"Location": f"/v1/jobs/{job_id}"})
+
+    async def checked_job(self, body: JobBody, job_id: str) -> JobSpec | ApiError:
+        """The body's JobSpec checked against the registered topology, or the 422 naming what is wrong."""
+        checked = check_job(body, job_id, await self.submit_topology(SUBMIT_TOPOLOGY_MAX_AGE_S))
+        if isinstance(checked, ApiError):
+            checked = check_job(body, job_id, await self.submit_topology())
+        if isinstance(checked, ApiError) and self._widest is not None:
+            # nodes Redis lost register again one by one: a fleet that was bigger still takes the job (and
+            # what it can't take is said of it)
+            checked = check_job(body, job_id, self._widest)
+        return checked
 
     async def _resubmitted(self, rec: JobRecord, body: JobBody) -> web.Response:
         if rec.spec != body:

@@ -27,10 +27,12 @@ from typing import Any
 import msgspec
 import nats.js.errors
 
+from services.queue.dry_run import reply_of
 from services.queue.rebuild import rebuild_view
 from shared import lifecycle
 from shared.bus import Outgoing, Retry
-from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Resize, Scheduler
+from shared.core import Allocate, ClusterState, CycleConfig, JobSpec, Pending, Preempt, Reserve, Resize, Scheduler
+from shared.core.dry_run import dry_run
 from shared.held import HeldState, occupy, reserved_domains
 from shared.held_view import HeldView
 from shared.job_cache import CHANGES_LISTED, JobCache
@@ -39,12 +41,15 @@ from shared.launch import master_port
 from shared.liveness import Hearing, observe, overdue
 from shared.runtime import Deps, Service, in_groups
 from shared.schemas import (
+    DRY_RUN_REQUEST,
     EVENTS,
     HOLDING,
     JOB_INTAKE,
     TERMINAL,
     CheckpointOrder,
     Committed,
+    DryRunReply,
+    DryRunRequest,
     JobCancel,
     JobRecord,
     JobState,
@@ -60,6 +65,7 @@ from shared.schemas import (
     Released,
     ReleaseOrder,
     Reservations,
+    encode,
 )
 from shared.store import ViewMark, ViewNotReady
 from shared.tenants import tenants_from_settings
@@ -160,6 +166,7 @@ class QueueService(Service):
         self._view_ready = True  # False while another replica rebuilds the view: nothing is decided on it
         # since when placement's answers could be heard without a break: an order's silence counts from there
         self.hearing = Hearing(since=0.0)
+        self._deciding = asyncio.Lock()  # a dry run decides on a cycle's inputs between cycles, never amid one
 
     async def start(self) -> None:
         n, stop = self.names, self.stop_event
@@ -181,6 +188,7 @@ class QueueService(Service):
             )
             self.spawn(consumer, what)
         await self.bus.nc.subscribe(n.cycle_kick, cb=self._on_kick)
+        await self.bus.subscribe(n.dry_run, DRY_RUN_REQUEST, self._on_dry_run)  # every replica: the leader answers
         self.spawn(self.cycle_loop(), "cycle")
 
     async def _on_kick(self, _msg: Any) -> None:
@@ -437,7 +445,8 @@ class QueueService(Service):
                 if full and not await self.ensure_view():
                     continue  # another replica rebuilds the view: nothing is decided on it meanwhile
                 if self._view_ready and await self._lead():
-                    await self.run_cycle(full=full)
+                    async with self._deciding:
+                        await self.run_cycle(full=full)
             except ViewNotReady as e:  # found behind or closed mid-cycle: the next full cycle catches it up
                 log.warning("scheduling cycle cut short: %s", e)
                 self._view_ready = False
@@ -567,29 +576,9 @@ class QueueService(Service):
         if known is None:
             return  # no GPU node has registered yet: jobs keep waiting with their intake reason
         topo = known[0]
-        # the held GPUs as of this cycle: only the jobs whose allocation or record changed since the last sync
-        # are applied (`HeldState`); the ids were noted before this view is read, so none changes unnoticed. The
-        # view is live (no copy of every active job) and the same record objects from cycle to cycle while a
-        # job doesn't change (`HeldState` compares by identity); nothing awaits until the sync is done with it.
-        allocations = self.held.by_job()
-        state = self._held_state.sync(
-            self._topo.base_state(), allocations, self.jobs.view(), now, self._ended, self._unsynced
-        )
-        self._unsynced = set()
-        jobs = self.jobs.pending()  # the candidates, kept as they are now: the decisions below await
-        held = {job_id for job_id in jobs if job_id in allocations}  # as synced (`allocations` is live)
-        pending: list[JobSpec] = []
-        for rec in jobs.values():
-            if rec.id in held:
-                continue  # committed, its Committed event not handled yet (or a release on its way)
-            if rec.inflight_since is not None:
-                if not overdue(self.hearing, rec.inflight_since, now, INFLIGHT_TIMEOUT_S):
-                    # its order is on its way
-                    occupy(state, rec.id, rec.allocation, rec, now, preemptible=False)
-                    continue
-                await self._expire_inflight(rec, now)
-                continue
-            pending.append(record_spec(rec))
+        state, jobs, pending, late = self._cycle_inputs(now)
+        for rec in late:
+            await self._expire_inflight(rec, now)
         if not pending:
             return
         if not self._taken_over:
@@ -617,6 +606,75 @@ class QueueService(Service):
         # a burst's hundred orders overlap their round trips; after a failure the rest are decided again next cycle
         await in_groups(writes, CYCLE_WRITES_AT_ONCE)
         await self._share_reservations(topo, now)
+
+    def _cycle_inputs(self, now: float) -> tuple[ClusterState, dict[str, JobRecord], list[JobSpec], list[JobRecord]]:
+        """What a cycle decides on (the dry run too, so both decide on the same): the state of held GPUs, the
+        pending records (kept as they are now: the decisions await), the specs to decide and the records whose
+        order is overdue (`_expire_inflight`). Call `_note_changes` first.
+
+        Only the jobs whose allocation or record changed since the last sync are applied (`HeldState`); the ids
+        were noted before this view is read, so none changes unnoticed. The view is live (no copy of every active
+        job) and the same record objects from cycle to cycle while a job doesn't change (`HeldState` compares by
+        identity); nothing awaits here."""
+        allocations = self.held.by_job()
+        state = self._held_state.sync(
+            self._topo.base_state(), allocations, self.jobs.view(), now, self._ended, self._unsynced
+        )
+        self._unsynced = set()
+        jobs = self.jobs.pending()
+        held = {job_id for job_id in jobs if job_id in allocations}  # as synced (`allocations` is live)
+        pending: list[JobSpec] = []
+        late: list[JobRecord] = []
+        for rec in jobs.values():
+            if rec.id in held:
+                continue  # committed, its Committed event not handled yet (or a release on its way)
+            if rec.inflight_since is not None:
+                if not overdue(self.hearing, rec.inflight_since, now, INFLIGHT_TIMEOUT_S):
+                    # its order is on its way
+                    occupy(state, rec.id, rec.allocation, rec, now, preemptible=False)
+                else:
+                    late.append(rec)
+                continue
+            pending.append(record_spec(rec))
+        return state, jobs, pending, late
+
+    # -- dry runs (services/queue/dry_run.py) ----------------------------------------------------------------
+    async def _on_dry_run(self, req: DryRunRequest, msg: Any) -> None:
+        """Only the leader answers; another replica stays silent (the gateway hears the leader or nobody)."""
+        if not msg.reply or not (self._view_ready and await self._lead()):
+            return
+        try:
+            reply = await self.dry_run(req)
+        except Exception as e:
+            log.exception("dry run of job %s failed", req.job_id)
+            reply = DryRunReply(ok=False, error=f"the queue leader could not decide: {e}")
+        await msg.respond(encode(reply))
+
+    async def dry_run(self, req: DryRunRequest) -> DryRunReply:
+        """Where the job would go if it were submitted now: the next cycle's decision on what this replica holds
+        (read as a kicked cycle reads it), with nothing stored or published."""
+        async with self._deciding:
+            now = self.now()
+            if not self.held.complete:  # as a cycle would: one full read first
+                since = self.held.mark()
+                await self.jobs.read_active()
+                self.held.replace(await self.store.allocations(), since)
+            elif self._foreign and (unknown := await self.store.undecided_job_ids() - self.jobs.ids()):
+                await self.jobs.read(unknown)  # another replica's (the next cycle reads them too)
+            submitted = JobSubmitted(job_id=req.job_id, spec=req.spec, submitted_at=req.submitted_at)
+            candidate = record_spec(lifecycle.submitted(submitted, now))
+            known = await self._topology()
+            if known is None:
+                return DryRunReply(
+                    ok=True, gpus=candidate.gpus, reason=f"{lifecycle.INTAKE_REASON}: no GPU node has registered yet"
+                )
+            topo = known[0]
+            if not self._taken_over:
+                await self._take_over(topo)
+            self._note_changes()
+            state, _, pending, _ = self._cycle_inputs(now)
+            got = dry_run(self.scheduler, state, pending, candidate, now, reuse_forecasts=True)
+            return reply_of(got, topo, candidate)
 
     def _note_changes(self) -> None:
         """Collect the ids of the jobs whose record or allocation changed since the last look (None: too many to

@@ -2,7 +2,7 @@
 
 A server runs with `shared.permissions.authorization_conf()` (what deploy/nats/auth.conf and the k8s
 ConfigMap carry); every service connects as its own user. A job goes all the way through (gateway →
-queue → placement → agent → succeeded) and a drain round-trips to inventory with no permission
+queue → placement → agent → succeeded), a drain round-trips to inventory and a dry run to the queue with no permission
 violation in any client's log or the server's: each service is allowed all it does. Then a service
 tries what it must not do and is refused: each is allowed no more than it should.
 """
@@ -112,6 +112,8 @@ async def test_every_service_does_its_work_within_its_permissions(
         await wait_until(done, f"job {job} succeeded under per-service NATS users")
         async with http.post(f"{url}/v1/nodes/d00-n03/drain") as r:
             assert r.status == 200, await r.text()  # gateway → inventory request/reply, and inventory's answer
+        async with http.post(f"{url}/v1/jobs?dry_run=true", json={"name": "d", "tenant": "a", "gpus": 4}) as r:
+            assert r.status == 200, await r.text()  # gateway → queue leader request/reply, and the leader's answer
 
         # a move: migration → queue → placement → agents and back, with the migration record and its events
         body = {"name": "m", "tenant": "a", "gpus": 4, "checkpointable": True, "duration_s": 30}

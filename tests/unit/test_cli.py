@@ -470,3 +470,47 @@ def test_demo_keeps_the_old_terminal_picture() -> None:
 def test_sim_is_a_subcommand() -> None:
     args = parse("sim", "--trace", "trace.csv", "--out", "out", "--quiet")
     assert args.command == "sim" and args.trace == ["trace.csv"]
+
+
+def test_submit_test_only_asks_for_a_dry_run_and_prints_where_the_job_would_go(api: tuple[str, type[_Canned]]) -> None:
+    url, handler = api
+    now_view = {
+        "start": "now", "domains": ["d01"], "gpus": 8, "segment": 2, "forecast_start": None, "reason": "",
+        "reserved": False, "preempts": 0, "shrinks": 0,
+        "allocation": [{"domain": "d01", "node": f"d01-n{i:02d}", "gpus": [0, 1, 2, 3]} for i in (4, 5)],
+    }  # fmt: skip
+    handler.routes[("POST", "/v1/jobs")] = (200, json.dumps(now_view).encode())
+    code, out, _ = run_cli("submit", "--gpus", "8", "--tenant", "me", "--segment", "2", "--test-only", "--url", url)
+    assert code == 0
+    assert out.splitlines() == [
+        "would start now on 8 GPUs (2 nodes) in d01, segments of 2 nodes",
+        "  d01: d01-n04[0-3] d01-n05[0-3]",
+        "(a dry run: nothing was submitted)",
+    ]
+    method, path, _, body = handler.seen[-1]
+    assert (method, path) == ("POST", "/v1/jobs?dry_run=true")
+    assert json.loads(body) == {"name": "job", "tenant": "me", "gpus": 8, "topology": {"segment": 2}}
+    code, out, _ = run_cli("submit", "--gpus", "8", "--tenant", "me", "--test-only", "--json", "--url", url)
+    assert code == 0 and json.loads(out) == now_view
+
+
+def test_a_dry_run_that_waits_says_when_and_why() -> None:
+    later = {
+        "start": "later", "domains": ["d00"], "gpus": 64, "segment": None, "forecast_start": 1000.0 + 2400,
+        "reason": "needs 16 nodes in one NVLink domain; reserved to start in ~40 min", "reserved": True,
+        "allocation": [{"domain": "d00", "node": f"d00-n{i:02d}", "gpus": [0, 1, 2, 3]} for i in range(16)],
+    }  # fmt: skip
+    text = commands.describe_dry_run(later, now=1000.0)
+    assert text.startswith("would wait: expected to start in 40m (reserved) on 64 GPUs (16 nodes) in d00\n")
+    assert "reason: needs 16 nodes in one NVLink domain; reserved to start in ~40 min" in text
+    estimated = dict(later, reserved=False)
+    assert "(estimated: the reservations ahead of it fill the cycle's depth)" in commands.describe_dry_run(
+        estimated, now=1000.0
+    )
+    never = {"start": "never", "allocation": [], "reason": "needs 16 nodes ...; won't fit even when running jobs end"}
+    assert commands.describe_dry_run(never, now=0.0).splitlines()[:2] == [
+        "would never start on the fleet as it is",
+        "reason: needs 16 nodes ...; won't fit even when running jobs end",
+    ]
+    unknown = {"start": "later", "allocation": [], "forecast_start": None, "reason": "tenant a is at its quota"}
+    assert commands.describe_dry_run(unknown, now=0.0).startswith("would wait: no start can be forecast now\n")
