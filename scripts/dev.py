@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "test":
         ensure_browser()
-        paths = ["shared", "services", "tests", "bench", "scripts"]
+        paths = ["shared", "services", "tests", "bench", "scripts", "clients"]
         lint = run([str(py), "-m", "ruff", "check", *paths])
         form = run([str(py), "-m", "ruff", "format", "--check", "--quiet", *paths])
         tests = run([str(py), "-m", "pytest", *rest])
