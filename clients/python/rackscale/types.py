@@ -17,6 +17,7 @@ __all__ = [
     "ClusterView",
     "DomainView",
     "DrainBody",
+    "DryRunView",
     "ErrorBody",
     "GpuView",
     "Health",
@@ -120,6 +121,37 @@ class DrainBody:
     """Optional body of POST /v1/nodes/{id}/drain and /undrain."""
 
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DryRunView:
+    """POST /v1/jobs?dry_run=true: where the job would go if it were submitted now, as the queue leader's next cycle
+    would decide on its current state with the job added. Nothing is stored or published: the job doesn't exist.
+
+    `start`: `now` (it fits now: `allocation` is where), `later` (it would wait: `forecast_start` is when its
+    reservation starts, or an estimate when the reservations ahead of it use up the cycle's depth; null when no start
+    can be forecast), `never` (it can't run on the fleet as it is: health, drains). `reason` is the pending reason
+    the queue would give it (when it starts now: whom it displaces, else "").
+    """
+
+    start: Literal["later", "never", "now"]
+    # where it starts now, or its reserved (or estimated) layout; [] when neither
+    allocation: list[Placed]
+    # the NVLink domains of that layout, in order
+    domains: list[str]
+    # GPUs of that layout (an elastic job's size); without one, what it asks for
+    gpus: int
+    # the layout's segment size (a flexible job's may be smaller than its first)
+    segment: int | None
+    # Unix seconds
+    forecast_start: float | None
+    reason: str
+    # the cycle would hold a reservation for it (false for an estimate)
+    reserved: bool
+    # jobs of lower priority it would preempt to start now
+    preempts: int
+    # elastic jobs it would shrink to start (it starts once they gave their GPUs back)
+    shrinks: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
