@@ -13,8 +13,11 @@ import msgspec
 
 from services.gateway import dashboard
 from services.gateway.auth import PUBLIC_PATHS, QUERY_TOKEN, SCHEME
+from services.gateway.jobfiles import SCHEMA_PATH, SCRIPT, YAML
 from services.gateway.validation import IDEMPOTENCY_KEY, MAX_SEQ
 from shared import api, sse
+from shared.jobfile import SCRIPT_MAX_BYTES
+from shared.jobfile.schema import described
 from shared.schemas import JobBody, JobEvent, JobState, NodeChanged
 
 REF = "#/components/schemas/{name}"
@@ -123,20 +126,37 @@ def _admin(action: str, op: str = "", summary: str = "") -> dict[str, Any]:
     }
 
 
+EXAMPLE_SCRIPT = """#!/bin/bash
+#SBATCH --job-name=hello --nodes=1 --gpus-per-node=4 --time=10
+#RACKSCALE --duration=1
+echo "rank $RANK of $WORLD_SIZE on $RACKSCALE_NODE"
+"""
+
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/jobs"): {
         "operationId": "submitJob",
         "summary": "Submit a job",
+        "description": "The body is a JobBody as JSON, the same as YAML (`application/yaml`), or an sbatch script "
+        "(`text/x-shellscript`): its `#SBATCH` and `#RACKSCALE` lines say what the job needs and the script becomes "
+        "its command (docs/jobs.md). A script without `--account` is the token's tenant's. Errors in a YAML body or "
+        f"a script name the file's line: `line 7: ...`. A script is at most {SCRIPT_MAX_BYTES} bytes.",
         "tags": ["jobs"],
         "parameters": [_IDEMPOTENCY_KEY],
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobBody")}}},
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": _ref("JobBody")},
+                YAML: {"schema": _ref("JobBody")},
+                SCRIPT: {"schema": {"type": "string", "maxLength": SCRIPT_MAX_BYTES}, "example": EXAMPLE_SCRIPT},
+            },
+        },
         "responses": {
             "202": _json("Accepted", "accepted: the job is pending"),
             "200": _json("JobView", "an earlier submit with this Idempotency-Key: the job as it is now"),
-            "400": _error("not JSON, not an object, or a bad Idempotency-Key"),
+            "400": _error("not JSON (or YAML, or UTF-8 text), not an object, or a bad Idempotency-Key"),
             "403": _error("a user token submitting for another tenant"),
             "413": {"description": "body larger than 1 MiB"},
-            "422": _error("invalid job; `field` names the offending input"),
+            "422": _error("invalid job; `field` names the offending input (and a job file's line starts `error`)"),
             "503": _error("the bus or Redis is unavailable"),
         },
     },
@@ -299,6 +319,15 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "tags": ["meta"],
         "responses": {"200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {}}}}},
     },
+    ("get", SCHEMA_PATH): {
+        "operationId": "getJobSchema",
+        "summary": "The job body's JSON Schema (the JobBody of this document, on its own): editors validate YAML job "
+        "files with it (docs/job.schema.json is a copy)",
+        "tags": ["meta"],
+        "responses": {
+            "200": {"description": "JSON Schema 2020-12", "content": {"application/schema+json": {"schema": {}}}}
+        },
+    },
     ("get", "/healthz"): {
         "operationId": "healthz",
         "summary": "Liveness: the process is up",
@@ -325,6 +354,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
 
 def document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(_SCHEMA_TYPES, ref_template=REF)
+    components = described(components)  # each job field's meaning (shared/jobfile/schema.py)
     components.setdefault("JobState", {"enum": [s.value for s in JobState]})
     paths: dict[str, dict[str, Any]] = {}
     for (method, path), op in OPERATIONS.items():
