@@ -63,4 +63,6 @@ def launch_of(body: JobBody) -> Launch:
         time_limit_s=body.time_limit_s,
         processes=body.processes,
         slurm_env=body.slurm_env,
+        output=body.output,
+        job_name=body.name,
     )

@@ -280,6 +280,8 @@ class Launch(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     time_limit_s: float | None = None
     processes: Processes = "per_node"
     slurm_env: bool = False
+    output: str = ""  # the body's output pattern (shared/output_path.py): each process's output also goes there
+    job_name: str = ""  # the body's name, for the pattern's %x
 
 
 class PlaceOrder(msgspec.Struct, tag="order.place", kw_only=True, frozen=True):

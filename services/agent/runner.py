@@ -6,7 +6,9 @@ group after a grace period. A rank with an empty command on a simulated node is 
 (no process). A job asking for one process per GPU (`processes: per_gpu`) starts one per allocated GPU
 here, supervised as one rank (the node's share): it ends when they all have, failed with the first that
 fails (the others are stopped then, as torchrun's agent does). Every process's environment is the launch
-contract (shared/launch.py); it starts in the job's `workdir` when it names one.
+contract (shared/launch.py); it starts in the job's `workdir` when it names one. When the job names an `output`
+pattern (shared/output_path.py), each process's output is also appended to the file the pattern names for it on
+this node; a file that can't be opened (its directory isn't there) fails the rank before it starts, saying which.
 
 Exit codes follow asyncio's convention: the process's status, or `-N` when signal N ended it (so a
 command that exits 143 by itself is not mistaken for one that SIGTERM killed).
@@ -16,15 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
 from shared import launch as launch_contract
+from shared.output_path import expand_output
 from shared.rank_log import LINE_MAX_BYTES
 from shared.schemas import StartRank
+
+log = logging.getLogger("rackscale.agent.runner")
 
 # Exit codes for ranks that never ran (the shell's conventions).
 EXIT_CANNOT_EXECUTE = 126
@@ -163,8 +170,9 @@ async def launch(
     report) when it can't run at all; a `per_gpu` group whose later process can't start stops those started.
 
     Output (stdout and stderr, one pipe) goes to `output` line by line, read as fast as the process writes it,
-    and to `log_path` too (appended: a retry of the same attempt keeps the first run's lines); with neither,
-    to the agent's own stdout/stderr. The job's `workdir`, when it names one, is the cwd.
+    to `log_path` too (appended: a retry of the same attempt keeps the first run's lines) and to the job's own
+    output file when its body names one (appended: a requeued attempt's lines follow the last one's); with none
+    of them, to the agent's own stdout/stderr. The job's `workdir`, when it names one, is the cwd.
     """
     if not cmd.command:
         if simulated:
@@ -192,11 +200,13 @@ async def _start_process(
     output: OutputSink | None = None,
     local_rank: int = 0,
 ) -> ProcessRank:
+    # the job's own output file first: a directory that isn't there fails the rank before anything runs
+    job_file = open_output_file(cmd, local_rank)
     out: IO[bytes] | None = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         out = log_path.open("ab")
-    piped = output is not None
+    piped = output is not None or job_file is not None
     try:
         proc = await asyncio.create_subprocess_exec(
             *cmd.command,
@@ -207,37 +217,91 @@ async def _start_process(
             stderr=asyncio.subprocess.STDOUT if piped or out is not None else None,
             start_new_session=True,
         )
-    except FileNotFoundError as e:
-        raise LaunchError(EXIT_NOT_FOUND, f"command not found: {e}") from e
-    except PermissionError as e:
-        raise LaunchError(EXIT_CANNOT_EXECUTE, f"command not executable: {e}") from e
     except OSError as e:
+        for f in (out, job_file):
+            if f is not None:
+                f.close()
+        if isinstance(e, FileNotFoundError):
+            raise LaunchError(EXIT_NOT_FOUND, f"command not found: {e}") from e
+        if isinstance(e, PermissionError):
+            raise LaunchError(EXIT_CANNOT_EXECUTE, f"command not executable: {e}") from e
         raise LaunchError(EXIT_CANNOT_EXECUTE, f"command could not start: {e}") from e
-    finally:
-        if out is not None and not piped:
-            out.close()  # the child holds its own copy
-    if output is None or proc.stdout is None:
+    if out is not None and not piped:
+        out.close()  # the child holds its own copy
+    if not piped or proc.stdout is None:
         return ProcessRank(proc)
-    reader = asyncio.create_task(_pump(proc.stdout, local_rank, output, out), name=f"rank-output:{cmd.job_id}")
+    files = Files(log=out, job=job_file, sink=output)
+    reader = asyncio.create_task(_pump(proc.stdout, local_rank, files), name=f"rank-output:{cmd.job_id}")
     return ProcessRank(proc, reader)
 
 
-async def _pump(stream: asyncio.StreamReader, local_rank: int, sink: OutputSink, file: IO[bytes] | None) -> None:
-    """Read the process's output until it closes, line by line into `sink` (a line longer than LINE_MAX_BYTES is
-    handed over in parts as it comes), and into `file` as written."""
+def open_output_file(cmd: StartRank, local_rank: int) -> IO[bytes] | None:
+    """The file the job's `output` pattern names for this process, opened to append (unbuffered: whole lines go
+    out as they come); None without a pattern. Raises LaunchError, naming the file, when it can't be opened."""
+    if not cmd.launch.output:
+        return None
+    rank = launch_contract.global_rank(cmd, local_rank)
+    path = Path(expand_output(cmd.launch.output, job_id=cmd.job_id, name=cmd.launch.job_name, rank=rank, node=cmd.node))
+    if not path.parent.is_dir():
+        raise LaunchError(EXIT_CANNOT_EXECUTE, f"output {path}: no directory {path.parent} on {cmd.node}")
+    try:
+        return path.open("ab", buffering=0)
+    except OSError as e:
+        raise LaunchError(EXIT_CANNOT_EXECUTE, f"output {path} could not be opened on {cmd.node}: {e}") from e
+
+
+@dataclass(slots=True)
+class Files:
+    """Where a piped process's output goes besides nothing: the agent's rank log (`log`, as written), the job's
+    output file (`job`, whole lines: processes sharing a file don't split each other's lines), and `sink`."""
+
+    log: IO[bytes] | None
+    job: IO[bytes] | None
+    sink: OutputSink | None
+
+    def raw(self, data: bytes) -> None:
+        self.log = _write(self.log, data)
+
+    def lines(self, data: bytes, local_rank: int, lines: list[bytes]) -> None:
+        self.job = _write(self.job, data)
+        if self.sink is not None:
+            for line in lines:
+                self.sink(local_rank, line)
+
+    def close(self) -> None:
+        for f in (self.log, self.job):
+            if f is not None:
+                f.close()
+
+
+def _write(file: IO[bytes] | None, data: bytes) -> IO[bytes] | None:
+    """`file` after writing `data` to it; None once it failed (a full disk): the process and its log go on."""
+    if file is None or not data:
+        return file
+    try:
+        file.write(data)
+        return file
+    except OSError as e:
+        log.warning("%s: writing a rank's output failed, no more is written there: %s", file.name, e)
+        with contextlib.suppress(OSError):
+            file.close()
+        return None
+
+
+async def _pump(stream: asyncio.StreamReader, local_rank: int, files: Files) -> None:
+    """Read the process's output until it closes: as written into the rank log, and line by line into the output
+    file and the sink (a line longer than LINE_MAX_BYTES is handed over in parts as it comes)."""
     carry = b""
     try:
         while data := await stream.read(READ_CHUNK):
-            if file is not None:
-                file.write(data)
-            *lines, carry = (carry + data).split(b"\n")
-            for line in lines:
-                sink(local_rank, line)
+            files.raw(data)
+            buf = carry + data
+            *lines, carry = buf.split(b"\n")
+            files.lines(buf[: len(buf) - len(carry)], local_rank, lines)
             if len(carry) >= LINE_MAX_BYTES:
-                sink(local_rank, carry)
+                files.lines(carry, local_rank, [carry])
                 carry = b""
         if carry:
-            sink(local_rank, carry)
+            files.lines(carry, local_rank, [carry])
     finally:
-        if file is not None:
-            file.close()
+        files.close()

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from services.cli import jobfiles
 from services.cli.client import Client, CliError, quote
 from services.cli.cluster import decode_cluster, draw_cluster
 from shared import sse
@@ -47,10 +48,24 @@ def _print_json(out: Out, doc: object) -> None:
 
 
 def job_body(args: argparse.Namespace) -> dict[str, Any]:
-    """The POST /v1/jobs body: only what was given on the command line (the gateway fills the defaults)."""
+    """The POST /v1/jobs body: only what was given on the command line (the gateway fills the defaults), and a
+    name and tenant."""
+    if args.gpus is None:
+        raise CliError("error: give --gpus N (or a job file: -f job.yaml)")
+    return {**submit_defaults(args), **flag_fields(args)}
+
+
+def submit_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """The name (the command's, or 'job') and tenant a submit has when neither its flags nor its file say."""
     command: list[str] = list(args.cmd or [])
-    name = args.name or (os.path.basename(command[0]) if command else "job")
-    body: dict[str, Any] = {"name": name, "tenant": args.tenant or default_tenant(), "gpus": args.gpus}
+    return {"name": os.path.basename(command[0]) if command else "job", "tenant": default_tenant()}
+
+
+def flag_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The body fields `rackscale submit`'s flags (and the command after --) give."""
+    command: list[str] = list(args.cmd or [])
+    given = {"name": args.name, "tenant": args.tenant, "gpus": args.gpus}
+    body: dict[str, Any] = {k: v for k, v in given.items() if v is not None}
     topology = {k: v for k, v in (("nvlink", args.nvlink), ("segment", args.segment), ("level", args.level)) if v}
     if topology:
         body["topology"] = topology
@@ -78,6 +93,11 @@ def job_body(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def submit(args: argparse.Namespace, client: Client, out: Out) -> int:
+    if args.file:
+        job = jobfiles.yaml_job(args, flag_fields(args), submit_defaults(args))
+        status, doc = jobfiles.send(client, args.file, job, idempotency_key=args.idempotency_key)
+        jobfiles.print_answer(out, status, doc, as_json=args.json)
+        return 0
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     if args.test_only:
         return test_only(args, client, out, headers)
@@ -383,8 +403,13 @@ def clear_health(args: argparse.Namespace, client: Client, out: Out) -> int:
     return _admin("clear-health", args, client, out)
 
 
+def sbatch(args: argparse.Namespace, client: Client, out: Out) -> int:
+    return jobfiles.sbatch(args, client, out, tenant=default_tenant())
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Client, Out], int]] = {
     "submit": submit,
+    "sbatch": sbatch,
     "jobs": jobs,
     "job": job,
     "cancel": cancel,

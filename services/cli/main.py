@@ -2,6 +2,8 @@
 
     rackscale up [--domains 4] [--policy rackscale] [--port 8080]   run everything locally until Ctrl-C
     rackscale submit --gpus 64 --name demo --tenant me -- python train.py
+    rackscale submit -f job.yaml [flags over the file's fields]   a job body in YAML (docs/jobs.md)
+    rackscale sbatch [OPTIONS] script.sh [-- ARGS]                  an sbatch script (#SBATCH, #RACKSCALE lines)
     rackscale jobs | job ID | cancel ID | cluster | drain NODE | undrain NODE | clear-health NODE
     rackscale demo                                                   the scheduling core alone, in the terminal
     rackscale sim --trace FILE ...                                   replay a trace, compare policies
@@ -62,8 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--url", default=default_url(), help="gateway URL (default $RACKSCALE_URL or %(default)s)")
     api.add_argument("--json", action="store_true", help="print the API's JSON answer")
 
-    s = sub.add_parser("submit", parents=[api], help="submit a job", usage="%(prog)s --gpus N [options] [-- CMD ...]")
-    s.add_argument("--gpus", type=positive_int, required=True, help="GPUs in all (an elastic job's most)")
+    s = sub.add_parser(
+        "submit", parents=[api], help="submit a job", usage="%(prog)s (--gpus N | -f JOB.yaml) [options] [-- CMD ...]"
+    )
+    s.add_argument("-f", "--file", default=None, help="the job body in YAML (docs/jobs.md); flags override its fields")
+    s.add_argument("--gpus", type=positive_int, default=None, help="GPUs in all (an elastic job's most)")
     s.add_argument(
         "--min-gpus",
         type=positive_int,
@@ -99,6 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="submit nothing: say where the job would start now, or when and why it would wait (a dry run)",
     )
     s.add_argument("cmd", nargs="*", metavar="-- CMD", help="the command each rank runs (none: a simulated run)")
+
+    # an sbatch script: its words are read by services/cli/jobfiles.py (sbatch's options before and after the
+    # script, so argparse takes none of them: "+" is no option's prefix)
+    sb = sub.add_parser(
+        "sbatch", help="submit an sbatch script (#SBATCH lines; see rackscale sbatch --help)", prefix_chars="+",
+        add_help=False, usage="%(prog)s [OPTIONS] SCRIPT [OPTIONS] [-- ARGS ...]",
+    )  # fmt: skip
+    sb.add_argument("words", nargs=argparse.REMAINDER)
+    sb.set_defaults(url=default_url(), json=False)
 
     js = sub.add_parser("jobs", parents=[api], help="list jobs")
     js.add_argument("--tenant", default=None)
@@ -142,7 +156,10 @@ def _print_err(text: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None, out: Out = _print, err: Out = _print_err) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "submit" and args.gpus is None and args.file is None:
+        parser.error("submit: give --gpus N, or a job file with -f JOB.yaml")
     if args.command == "up":
         from services.cli.up import UpOptions, run_up
 

@@ -35,11 +35,12 @@ from aiohttp.abc import AbstractAccessLogger
 from yarl import URL
 
 from services.gateway import dashboard
+from services.gateway.jobfiles import SCHEMA_PATH
 from shared.api import ErrorBody
 
 log = logging.getLogger("rackscale.gateway.auth")
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", *dashboard.PATHS})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json", SCHEMA_PATH, *dashboard.PATHS})
 QUERY_TOKEN_PATHS = frozenset({"/v1/events"})  # GETs that take ?token= (EventSource sends no Authorization header)
 QUERY_TOKEN = "token"
 SCHEME = "bearer"  # the OpenAPI security scheme's name

@@ -13,8 +13,11 @@ import msgspec
 
 from services.gateway import dashboard
 from services.gateway.auth import PUBLIC_PATHS, QUERY_TOKEN, SCHEME
+from services.gateway.jobfiles import SCHEMA_PATH, SCRIPT, YAML
 from services.gateway.validation import IDEMPOTENCY_KEY, MAX_SEQ
 from shared import api, sse
+from shared.jobfile import SCRIPT_MAX_BYTES
+from shared.jobfile.schema import described
 from shared.schemas import JobBody, JobEvent, JobState, NodeChanged
 
 REF = "#/components/schemas/{name}"
@@ -124,11 +127,21 @@ def _admin(action: str, op: str = "", summary: str = "") -> dict[str, Any]:
     }
 
 
+EXAMPLE_SCRIPT = """#!/bin/bash
+#SBATCH --job-name=hello --nodes=1 --gpus-per-node=4 --time=10
+#RACKSCALE --duration=1
+echo "rank $RANK of $WORLD_SIZE on $RACKSCALE_NODE"
+"""
+
 OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     ("post", "/v1/jobs"): {
         "operationId": "submitJob",
         "summary": "Submit a job (with `dry_run`: where it would go now, without submitting it)",
-        "description": "With `dry_run=true` (or `1`) the body is checked as a submit's (the same errors), then the "
+        "description": "The body is a JobBody as JSON, the same as YAML (`application/yaml`), or an sbatch script "
+        "(`text/x-shellscript`): its `#SBATCH` and `#RACKSCALE` lines say what the job needs and the script becomes "
+        "its command (docs/jobs.md). A script without `--account` is the token's tenant's. Errors in a YAML body or "
+        f"a script name the file's line: `line 7: ...`. A script is at most {SCRIPT_MAX_BYTES} bytes. "
+        "With `dry_run=true` (or `1`) the body is checked as a submit's (the same errors), then the "
         "queue leader answers where the job would start now, or when and why it would wait (DryRunView), by its next "
         "cycle's own decision on its current state. Nothing is stored or published: the job doesn't exist afterwards.",
         "tags": ["jobs"],
@@ -142,7 +155,14 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                 "description": "true or 1: answer where the job would go (200 DryRunView) instead of submitting it",
             },
         ],
-        "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobBody")}}},
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": _ref("JobBody")},
+                YAML: {"schema": _ref("JobBody")},
+                SCRIPT: {"schema": {"type": "string", "maxLength": SCRIPT_MAX_BYTES}, "example": EXAMPLE_SCRIPT},
+            },
+        },
         "responses": {
             "202": _json("Accepted", "accepted: the job is pending"),
             "200": {
@@ -150,10 +170,12 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                 "Idempotency-Key: the job as it is now (JobView)",
                 "content": {"application/json": {"schema": {"anyOf": [_ref("DryRunView"), _ref("JobView")]}}},
             },
-            "400": _error("not JSON, not an object, or a bad Idempotency-Key"),
+            "400": _error("not JSON (or YAML, or UTF-8 text), not an object, or a bad Idempotency-Key"),
             "403": _error("a user token submitting for another tenant"),
             "413": {"description": "body larger than 1 MiB"},
-            "422": _error("invalid job or dry_run value; `field` names the offending input"),
+            "422": _error(
+                "invalid job or dry_run value; `field` names the offending input (and a job file's line starts `error`)"
+            ),
             "503": _error("the bus or Redis is unavailable; for a dry run, no queue leader answered"),
         },
     },
@@ -316,6 +338,15 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "tags": ["meta"],
         "responses": {"200": {"description": "OpenAPI 3.1", "content": {"application/json": {"schema": {}}}}},
     },
+    ("get", SCHEMA_PATH): {
+        "operationId": "getJobSchema",
+        "summary": "The job body's JSON Schema (the JobBody of this document, on its own): editors validate YAML job "
+        "files with it (docs/job.schema.json is a copy)",
+        "tags": ["meta"],
+        "responses": {
+            "200": {"description": "JSON Schema 2020-12", "content": {"application/schema+json": {"schema": {}}}}
+        },
+    },
     ("get", "/healthz"): {
         "operationId": "healthz",
         "summary": "Liveness: the process is up",
@@ -342,6 +373,7 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
 
 def document() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(_SCHEMA_TYPES, ref_template=REF)
+    components = described(components)  # each job field's meaning (shared/jobfile/schema.py)
     components.setdefault("JobState", {"enum": [s.value for s in JobState]})
     paths: dict[str, dict[str, Any]] = {}
     for (method, path), op in OPERATIONS.items():

@@ -23,13 +23,14 @@ from aiohttp import web
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from services.gateway import auth, dashboard, dry_run, openapi, views
+from services.gateway import auth, dashboard, dry_run, jobfiles, openapi, views
 from services.gateway.auth import Principal, Tokens
 from services.gateway.metrics import cluster_metrics
-from services.gateway.validation import MAX_SEQ, ApiError, check_idempotency_key, check_job, decode_job, decode_json
+from services.gateway.validation import MAX_SEQ, ApiError, check_idempotency_key, check_job, decode_json
 from shared import api, sse
 from shared.core import JobSpec, Topology
 from shared.held_view import HeldView
+from shared.jobfile import schema
 from shared.joblog import read_log
 from shared.metrics import metrics_response
 from shared.rank_log import LogReader, as_text
@@ -194,15 +195,16 @@ class Gateway:
         dry = dry_run.asked(request.query)
         if isinstance(dry, ApiError):
             return api_error(dry)
-        body = decode_job(await request.read())
-        if isinstance(body, ApiError):
-            return api_error(body)
         who = auth.principal(request)
+        submission = jobfiles.decode_submission(await request.read(), request.content_type, who.tenant)
+        if isinstance(submission, ApiError):
+            return api_error(submission)
+        body = submission.body
         if not who.may_see(body.tenant):
             return error_response(403, f"this token submits as tenant {who.tenant}, not {body.tenant}", "tenant")
         if dry:  # checked as a submit is, then answered by the queue leader: nothing is stored or published
             answer = await dry_run.answer(self, request, body)
-            return api_error(answer) if isinstance(answer, ApiError) else json_response(answer)
+            return api_error(submission.located(answer)) if isinstance(answer, ApiError) else json_response(answer)
         key = request.headers.get("Idempotency-Key")
         if key is not None:
             bad = check_idempotency_key(key)
@@ -216,7 +218,7 @@ class Gateway:
             job_id = uuid.uuid4().hex
         checked = await self.checked_job(body, job_id)
         if isinstance(checked, ApiError):
-            return api_error(checked)
+            return api_error(submission.located(checked))
         msg = JobSubmitted(job_id=job_id, spec=body, submitted_at=self.now())
         attrs = {"rackscale.job_id": job_id, "rackscale.tenant": body.tenant, "rackscale.gpus": body.gpus}
         # The job's trace starts here (or continues the client's traceparent); the queue keeps it in JobRecord.
@@ -590,6 +592,11 @@ def routes(gw: Gateway, spec: bytes) -> list[tuple[str, str, Handler]]:
     async def openapi_json(request: web.Request) -> web.Response:
         return web.Response(body=spec, content_type="application/json")
 
+    job_schema = msgspec.json.encode(schema.job_schema())
+
+    async def job_schema_json(request: web.Request) -> web.Response:
+        return web.Response(body=job_schema, content_type="application/schema+json")
+
     return [
         *dashboard.routes(gw.deps.settings.jaeger_ui_url),
         ("POST", "/v1/jobs", gw.submit),
@@ -604,6 +611,7 @@ def routes(gw: Gateway, spec: bytes) -> list[tuple[str, str, Handler]]:
         ("GET", "/v1/events", gw.events),
         ("GET", "/v1/jobs/{id}/logs", gw.logs),
         ("GET", "/openapi.json", openapi_json),
+        ("GET", jobfiles.SCHEMA_PATH, job_schema_json),
         ("GET", "/healthz", gw.healthz),
         ("GET", "/readyz", gw.readyz),
         ("GET", "/metrics", gw.metrics),

@@ -22,6 +22,7 @@ from shared.core.arrays import ArraySyntaxError, parse_array
 from shared.core.dependencies import DependencySyntaxError, parse_dependency
 from shared.core.shape import check_elastic, check_segment_order
 from shared.jobs import job_spec
+from shared.output_path import OutputPatternError, check_output_pattern
 from shared.schemas import ENV_TOTAL_MAX, JOB_BODY_JSON, JobBody
 
 T = TypeVar("T")
@@ -141,8 +142,11 @@ def check_launch(body: JobBody) -> ApiError | None:
         return ApiError(422, f"env: {size} bytes of names and values, at most {ENV_TOTAL_MAX}", "env")
     if body.workdir and (not body.workdir.startswith("/") or "\0" in body.workdir):
         return ApiError(422, "workdir: an absolute path (or empty: the agent's own)", "workdir")
-    if body.output and (not body.output.startswith("/") or "\0" in body.output):
-        return ApiError(422, "output: an absolute path pattern (or empty: only the job's log)", "output")
+    if body.output:
+        try:
+            check_output_pattern(body.output)
+        except OutputPatternError as e:
+            return ApiError(422, f"output: {e}", "output")
     return check_array_and_dependency(body)
 
 

@@ -25,7 +25,18 @@ from services.gateway.service import build_app
 from services.gateway.views import OTHER_TENANT
 from shared.names import Names
 from shared.runtime import Deps
-from shared.schemas import NODE_ADMIN, AdminReply, AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, encode
+from shared.schemas import (
+    JOB_INTAKE,
+    NODE_ADMIN,
+    AdminReply,
+    AllocationRecord,
+    JobBody,
+    JobRecord,
+    JobState,
+    JobSubmitted,
+    NodeGpus,
+    encode,
+)
 from shared.settings import Settings
 from shared.store import ViewMark
 from shared.tracing import noop_tracer
@@ -107,7 +118,7 @@ async def test_no_valid_token_is_401_with_a_json_error(gw: Gw, method: str, path
 
 
 async def test_probes_and_the_api_description_need_no_token(gw: Gw) -> None:
-    for path in ("/healthz", "/readyz", "/openapi.json"):
+    for path in ("/healthz", "/readyz", "/openapi.json", "/v1/schemas/job.json"):
         assert (await gw.client.get(path)).status == 200, path
 
 
@@ -164,6 +175,19 @@ async def test_a_user_submits_only_as_its_tenant(gw: Gw) -> None:
     assert (await gw.client.post("/v1/jobs", json={**job, "tenant": "alice"}, headers=bearer(ALICE))).status == 202
     assert (await gw.client.post("/v1/jobs", json={**job, "tenant": "bob"}, headers=bearer(ADMIN))).status == 202
     assert await gw.count(gw.names.job_submit) == 2
+
+
+async def test_a_script_without_an_account_is_the_tokens_tenants(gw: Gw) -> None:
+    script = "#!/bin/bash\n#SBATCH --gpus-per-node=4\n"
+    shell = {"Content-Type": "text/x-shellscript"}
+    resp = await gw.client.post("/v1/jobs", data=script, headers={**bearer(ALICE), **shell})
+    assert resp.status == 202
+    job_id = (await resp.json())["id"]
+    sub = await gw.deps.bus.js.get_last_msg(gw.names.stream_for(gw.names.job_submit), gw.names.job_submit)
+    spec = JOB_INTAKE.decode(sub.data)
+    assert isinstance(spec, JobSubmitted) and spec.job_id == job_id and spec.spec.tenant == "alice"
+    other = script + "#SBATCH --account=bob\n"
+    assert (await gw.client.post("/v1/jobs", data=other, headers={**bearer(ALICE), **shell})).status == 403
 
 
 async def test_only_an_admin_drains(gw: Gw) -> None:

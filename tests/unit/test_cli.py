@@ -100,7 +100,6 @@ def test_submit_sends_only_what_was_given_and_the_command_after_double_dash(monk
 @pytest.mark.parametrize(
     "argv",
     [
-        ["submit"],  # --gpus is required
         ["submit", "--gpus", "0"],
         ["submit", "--gpus", "x"],
         ["submit", "--gpus", "1", "--nvlink", "sometimes"],

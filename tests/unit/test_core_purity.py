@@ -1,6 +1,7 @@
 """The pure parts stay pure: no asyncio, NATS, Redis, clock or services inside shared/core (the placement core),
 shared/lifecycle.py (the job's state machine), shared/reconcile.py (agents against records), shared/liveness.py
-(silence judged only while we could hear), shared/launch.py (the launch contract) or shared/rank_log.py (log lines)."""
+(silence judged only while we could hear), shared/launch.py (the launch contract), shared/rank_log.py (log lines),
+shared/output_path.py (the output pattern) or shared/jobfile/ (job files read: text in, a body out)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CORE = SHARED / "core"
-PURE_MODULES = tuple(SHARED / f"{m}.py" for m in ("lifecycle", "reconcile", "liveness", "launch", "rank_log"))
+PURE_MODULES = (
+    *(SHARED / f"{m}.py" for m in ("lifecycle", "reconcile", "liveness", "launch", "rank_log", "output_path")),
+    *sorted((SHARED / "jobfile").glob("*.py")),
+)
 FORBIDDEN_MODULES = ("asyncio", "nats", "redis", "valkey", "aiohttp", "services", "time", "datetime", "socket")
 # what must not even be loaded transitively (yaml loads datetime for timestamps: harmless, not a clock read)
 IO_MODULES = ("asyncio", "nats", "redis", "valkey", "aiohttp", "services", "socket")
@@ -51,7 +55,7 @@ def test_importing_the_core_loads_no_io_modules() -> None:
 
     code = (
         "import sys; import shared.core, shared.core.topology_io, shared.lifecycle, shared.reconcile, "
-        "shared.liveness, shared.launch, shared.rank_log; "
+        "shared.liveness, shared.launch, shared.rank_log, shared.output_path, shared.jobfile, shared.jobfile.schema; "
         "print(' '.join(m for m in sys.modules if m.split('.')[0] in "
         f"{IO_MODULES!r}))"
     )

@@ -28,6 +28,7 @@ from services.gateway.service import build_app, idempotent_job_id
 from services.gateway.validation import ApiError, check_job, decode_job, error_field
 from shared.bus import Bus
 from shared.core import ClusterState, CycleConfig, JobSpec, Need, Pending, PendingCode, Scheduler, Topology, segments
+from shared.jobfile.schema import described
 from shared.jobs import body_segments, job_spec, launch_of
 from shared.names import Names
 from shared.runtime import Deps
@@ -316,7 +317,7 @@ def test_planning_never_runs_past_the_time_limit(estimate: float | None, limit: 
 
 def test_launch_settings_are_accepted_and_carried() -> None:
     data = body(env={"OMP_NUM_THREADS": "8", "NCCL_MNNVL_ENABLE": "0"}, workdir="/shared/run", time_limit_s=60,
-                processes="per_gpu", slurm_env=True)  # fmt: skip
+                processes="per_gpu", slurm_env=True, output="/shared/run/%x-%j.%t.log")  # fmt: skip
     result = validate(data, NVL72x2)
     assert not isinstance(result, ApiError), result
     assert launch_of(result[0]) == Launch(
@@ -325,6 +326,8 @@ def test_launch_settings_are_accepted_and_carried() -> None:
         time_limit_s=60,
         processes="per_gpu",
         slurm_env=True,
+        output="/shared/run/%x-%j.%t.log",
+        job_name=OK["name"],
     )
 
 
@@ -452,6 +455,16 @@ def test_openapi_is_a_valid_3_2_document() -> None:
 def test_job_body_schema_is_msgspecs() -> None:
     doc = openapi.document()
     (ref,), components = msgspec.json.schema_components([JobBody], ref_template=openapi.REF)
-    assert doc["components"]["schemas"]["JobBody"] == components["JobBody"]
+    # msgspec's, with each field's meaning as its description (shared/jobfile/schema.py)
+    assert doc["components"]["schemas"]["JobBody"] == described(components)["JobBody"]
+    assert _without_descriptions(doc["components"]["schemas"]["JobBody"]) == _without_descriptions(
+        components["JobBody"]
+    )
     post = doc["paths"]["/v1/jobs"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"] == ref
+
+
+def _without_descriptions(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _without_descriptions(v) for k, v in schema.items() if k != "description"}
+    return schema
