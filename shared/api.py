@@ -11,6 +11,8 @@ from shared.schemas import JobState, TopologyBody
 
 MAX_PAGE = 500  # the most items one page of a list holds (`limit`)
 DEFAULT_PAGE = 50
+# An Idempotency-Key is a Structured Field string (draft-ietf-httpapi-idempotency-key-header): printable ASCII.
+IDEMPOTENCY_KEY = "^[ -~]{1,255}$"
 
 
 class ErrorBody(msgspec.Struct, kw_only=True):

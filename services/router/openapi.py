@@ -6,6 +6,7 @@ merges)."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -53,8 +54,8 @@ CELLS_OPERATION: dict[str, Any] = {
 }
 
 
-def for_router(cell_doc: dict[str, Any]) -> dict[str, Any]:
-    """The router's document from a cell's (which is left as it was)."""
+def for_router(cell_doc: dict[str, Any], cells: Sequence[str]) -> dict[str, Any]:
+    """The router's document over `cells` from a cell's document (which is left as it was)."""
     doc = copy.deepcopy(cell_doc)
     info = doc.setdefault("info", {})
     info["title"] = f"{info.get('title', 'Rackscale API')} (router over cells)"
@@ -69,7 +70,9 @@ def for_router(cell_doc: dict[str, Any]) -> dict[str, Any]:
             op["responses"].setdefault("503", _error("a cell the request must go to is unavailable (named)"))
     for (method, path), what in CELL_PARAMS.items():
         op = paths[path][method]
-        param = {"name": "cell", "in": "query", "required": False, "schema": {"type": "string"}, "description": what}
+        required = method == "post" and len(cells) > 1  # a node's cell: node names repeat across cells
+        schema = {"type": "string", "enum": list(cells)}
+        param = {"name": "cell", "in": "query", "required": required, "schema": schema, "description": what}
         op["parameters"] = [*op.get("parameters", []), param]
         op["responses"].setdefault("422", _error("unknown cell (`field`: cell), or another bad parameter"))
     for method, path in MERGED:

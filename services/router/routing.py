@@ -88,7 +88,7 @@ def cell_of_job(cells: Cells, job_id: str) -> str:
 
 def named_cell(cells: Cells, cell: str | None, *, required: bool = False) -> str:
     """The cell a `?cell=` parameter names (absent: the default cell, unless `required` and there are several)."""
-    if not cell:
+    if cell is None:
         if required and len(cells.names) > 1:
             raise BadCell(f"cell: name the cell, one of {', '.join(cells.names)} (node names repeat across cells)")
         return cells.default

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import signal
 import sys
 import time
@@ -47,9 +48,19 @@ from services.router.routing import (
 )
 from services.router.upstream import CELL_HEADER, Answer, CellUnavailable, Upstream, passed_back, passed_on
 from shared import sse
-from shared.api import DEFAULT_PAGE, MAX_PAGE, CellList, CellStatus, CellSummary, ErrorBody, RouterHealth
+from shared.api import (
+    DEFAULT_PAGE,
+    IDEMPOTENCY_KEY,
+    MAX_PAGE,
+    CellList,
+    CellStatus,
+    CellSummary,
+    ErrorBody,
+    RouterHealth,
+)
 from shared.names import idempotent_job_id
 from shared.runtime import setup_logging
+from shared.schemas import JOB_BODY_JSON, JobBody
 from shared.settings import Settings, SettingsError
 from shared.tenants import TenantsError, load_home_cells
 
@@ -80,13 +91,6 @@ class NoCell(Exception):
         super().__init__(f"no cell answered ({listed})")
 
 
-class _Submitted(msgspec.Struct):
-    """What the router reads of a job body (the cell checks the rest)."""
-
-    tenant: str
-    gpus: int = 0
-
-
 def json_response(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(body=_json.encode(obj), status=status, content_type="application/json", headers=headers)
 
@@ -109,9 +113,10 @@ def error_of(a: Answer) -> ErrorBody:
         return ErrorBody(error=f"answered {a.status}")
 
 
-def _submitted(body: bytes) -> _Submitted | None:
+def _job(body: bytes) -> JobBody | None:
+    """The job body, decoded as a gateway decodes it (the shape the cells check); None when it isn't one."""
     try:
-        return msgspec.json.decode(body, type=_Submitted)
+        return JOB_BODY_JSON.decode(body)
     except msgspec.DecodeError:
         return None
 
@@ -166,7 +171,7 @@ class Router:
     # -- forwarding ------------------------------------------------------------------------------------
     async def forward(self, request: web.Request, cell: str) -> web.StreamResponse:
         """The request to `cell` as it came (but for `cell=`), and its answer back; events and logs as they come."""
-        body = await request.read() if request.can_read_body else None
+        body = await request.read() if request.body_exists else None  # read once, kept: a retry resends it
         resp = await self.upstream.open(
             cell,
             request.method,
@@ -224,14 +229,14 @@ class Router:
     # -- submissions -----------------------------------------------------------------------------------
     async def submit(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        job = _submitted(body)
-        if job is None:
-            return await self.any_cell(request)  # not a job body: a cell says what is wrong with it
+        job = _job(body)
+        key = request.headers.get("Idempotency-Key")
+        if job is None or (key is not None and not re.match(IDEMPOTENCY_KEY, key)):
+            return await self.any_cell(request)  # not a job, or a bad key: a cell says what is wrong with it
         headers = passed_on(request.headers)
         home = self.cells.homes.get(job.tenant)
         if home is not None:
             return answered(await self._submit_to(home, body, headers))
-        key = request.headers.get("Idempotency-Key")
         if key is not None:
             earlier = await self._earlier_submit(job.tenant, key, headers)
             if isinstance(earlier, web.Response):
@@ -396,7 +401,7 @@ class Router:
         """One page of every cell's list (`key`: its items' field), merged in `order`; `total` is the cells' sum.
         A cell that can't answer is left out and named in MISSING_HEADER; an answer other than a page (a 401, a
         bad filter's 422) is the answer."""
-        if request.query.get("cell"):
+        if "cell" in request.query:
             return await self.forward(request, named_cell(self.cells, request.query["cell"]))
         page = _page(request.query)
         if page is None:
@@ -458,7 +463,7 @@ class Router:
     async def events(self, request: web.Request) -> web.StreamResponse:
         """Every cell's server-sent events in one stream (`?cell=`: one cell's), each event as its cell sent it.
         The stream ends when a cell's does (the client reconnects, and hears which cells are missing)."""
-        if request.query.get("cell"):
+        if "cell" in request.query:
             return await self.forward(request, named_cell(self.cells, request.query["cell"]))
         query = list(request.query.items())  # ?token= too: EventSource sends no header
         opened: dict[str, aiohttp.ClientResponse] = {}
@@ -540,6 +545,21 @@ class Router:
             log.info("cell %s's event stream ended: %r", cell, e)
         await queue.put(None)  # not when cancelled: the writer is gone then
 
+    async def caller_refused(self, request: web.Request) -> web.Response | None:
+        """A cell's 401 when it refuses the caller's credentials: an answer of the router's own (a job id of no
+        cell here, an unknown `cell`) goes only to a caller the cells accept, as a cell's own answer would."""
+        headers = passed_on(request.headers)
+        token = request.query.get("token")
+        if "Authorization" not in headers and token and request.path == "/v1/events":
+            headers["Authorization"] = f"Bearer {token}"  # as a gateway takes it there (EventSource)
+        for cell in self.cells.names:
+            try:
+                a = await self.upstream.call(cell, "GET", "/v1/cluster/summary", headers=headers)
+            except CellUnavailable:
+                continue
+            return answered(a) if a.status in (401, 403) else None
+        return None
+
     # -- meta --------------------------------------------------------------------------------------------
     async def _health(self, path: str) -> RouterHealth:
         got = await self.upstream.call_all(self.cells.names, "GET", path, within_s=HEALTH_S)
@@ -566,7 +586,7 @@ class Router:
                 why[cell] = e.reason
                 continue
             if a.status == 200:
-                return json_response(openapi.for_router(msgspec.json.decode(a.body)))
+                return json_response(openapi.for_router(msgspec.json.decode(a.body), self.cells.names))
             why[cell] = f"answered {a.status}"
         raise NoCell(why)
 
@@ -602,16 +622,20 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except web.HTTPException as e:
         if e.status < 400:
             raise
-        return error_response(e.status, e.reason)
+        allow = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
+        return error_response(e.status, e.reason, headers=allow)
     except CellUnavailable as e:
         log.warning("%s %s: %s", request.method, request.path, e)
         return error_response(503, str(e), headers={CELL_HEADER: e.cell, "Retry-After": str(RETRY_AFTER_S)})
     except NoCell as e:
         log.warning("%s %s: %s", request.method, request.path, e)
         return error_response(503, str(e), headers={"Retry-After": str(RETRY_AFTER_S)})
-    except UnknownJob as e:
-        return error_response(404, str(e))
-    except BadCell as e:
+    except (UnknownJob, BadCell) as e:
+        refused = await request.app[ROUTER].caller_refused(request)
+        if refused is not None:
+            return refused
+        if isinstance(e, UnknownJob):
+            return error_response(404, str(e))
         return error_response(422, str(e), "cell")
     except Exception:
         log.exception("%s %s failed", request.method, request.path)

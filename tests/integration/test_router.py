@@ -50,7 +50,12 @@ class StandIn:
 
         async def submit(request: web.Request) -> web.Response:
             self._saw(request)
-            body = await request.json()
+            raw = await request.read()
+            try:
+                body = msgspec.json.decode(raw)
+                body["gpus"] + 0
+            except (msgspec.DecodeError, TypeError, KeyError):
+                return web.json_response({"error": f"not a job: {raw.decode()}"}, status=400)
             if body["gpus"] > self.gpus:
                 return web.json_response(
                     {"error": f"gpus: more than the cell's {self.gpus}", "field": "gpus"}, status=422
@@ -149,6 +154,13 @@ async def test_the_callers_credentials_and_trace_reach_the_cell_and_nothing_else
     assert [(m, p) for m, p, _ in a.seen] == [("GET", "/v1/cluster/summary"), ("POST", "/v1/jobs")]
     for _, _, headers in a.seen:
         assert passed.items() <= headers.items() and not kept.keys() & headers.keys()
+
+
+async def test_what_is_no_job_goes_to_a_cell_as_it_came_for_the_cell_to_say_why(router_over: Opener) -> None:
+    url, http = await router_over(StandIn("c0"))
+    for body in (b"{not json", b'{"tenant": 5}', b'{"name": "j", "tenant": "t", "gpus": "4"}'):
+        async with http.post(f"{url}/v1/jobs", data=body, headers={"Content-Type": "application/json"}) as r:
+            assert (r.status, (await r.json())["error"]) == (400, f"not a job: {body.decode()}")
 
 
 async def test_a_burst_within_one_summarys_age_spreads_over_the_cells(router_over: Opener) -> None:

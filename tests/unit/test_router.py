@@ -122,9 +122,10 @@ def test_requests_name_their_cell_by_job_id_or_parameter() -> None:
     assert cell_of_job(cells, HEX) == "c0" and cell_of_job(cells, f"west-2-{HEX}") == "west-2"
     with pytest.raises(UnknownJob, match="its cell c9 is not one of this router's"):
         cell_of_job(cells, f"c9-{HEX}")
-    assert named_cell(cells, None) == "c0" and named_cell(cells, "") == "c0" and named_cell(cells, "c1") == "c1"
-    with pytest.raises(BadCell, match="unknown cell 'c9', not one of c0, c1, west-2"):
-        named_cell(cells, "c9")
+    assert named_cell(cells, None) == "c0" and named_cell(cells, "c1") == "c1"
+    for bad in ("c9", ""):
+        with pytest.raises(BadCell, match=f"unknown cell '{bad}', not one of c0, c1, west-2"):
+            named_cell(cells, bad)
     with pytest.raises(BadCell, match="name the cell"):
         named_cell(cells, None, required=True)
     assert named_cell(Cells(gateways=GATEWAYS[:1], homes={}), None, required=True) == "c0"
@@ -178,7 +179,7 @@ def test_the_routers_document_is_a_cells_with_the_routers_additions_and_names_ev
     import openapi_spec_validator as validator
 
     cell_doc = gateway_openapi.document()
-    doc = openapi.for_router(cell_doc)
+    doc = openapi.for_router(cell_doc, ["c0", "c1", "west-2"])
     validator.validate(doc)
     assert "/v1/cells" not in cell_doc["paths"], "the cell's own document is left as it was"
     app = build_app(Router(Cells(gateways=GATEWAYS, homes={})))
@@ -189,6 +190,17 @@ def test_the_routers_document_is_a_cells_with_the_routers_additions_and_names_ev
     documented = {(m, p) for p, ops in doc["paths"].items() for m in ops}
     assert served == documented
     cluster = doc["paths"]["/v1/cluster"]["get"]
-    assert [p["name"] for p in cluster["parameters"]] == ["cell"] and "422" in cluster["responses"]
+    assert cluster["parameters"] == [
+        {
+            "name": "cell",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "string", "enum": ["c0", "c1", "west-2"]},
+            "description": "the cell shown (default: the router's first cell)",
+        }
+    ]
+    assert "422" in cluster["responses"]
+    drain = doc["paths"]["/v1/nodes/{id}/drain"]["post"]["parameters"]
+    assert [(p["name"], p["required"]) for p in drain] == [("id", True), ("cell", True)]  # node names repeat
     assert "X-Rackscale-Cells-Missing" in doc["paths"]["/v1/jobs"]["get"]["responses"]["200"]["headers"]
     assert {"CellList", "CellStatus", "CellSummary", "RouterHealth"} <= set(doc["components"]["schemas"])
