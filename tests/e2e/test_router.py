@@ -18,6 +18,7 @@ import aiohttp
 import msgspec
 import pytest
 
+from services.cli.main import main as cli_main
 from services.router.routing import Cells
 from services.router.service import MISSING_HEADER, Router, RouterServer
 from services.router.upstream import CELL_HEADER
@@ -70,7 +71,9 @@ async def submit(http: aiohttp.ClientSession, url: str, body: dict[str, Any], **
         return str(data["id"])
 
 
-async def test_a_router_routes_jobs_to_cells_and_shows_them_together(open_stack: StackFactory, tmp_path: Path) -> None:
+async def test_a_router_routes_jobs_to_cells_and_shows_them_together(
+    open_stack: StackFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(TOKENS)
     tenants = tmp_path / "tenants.yaml"
@@ -172,6 +175,16 @@ async def test_a_router_routes_jobs_to_cells_and_shows_them_together(open_stack:
             heard = await events_of(stream, later)
         assert heard == set(later)
 
+        # the CLI through the router: node names repeat across cells, so a node command names its cell
+        monkeypatch.setenv("RACKSCALE_TOKEN", ADMIN)
+        code, said = await rackscale("drain", "d00-n17", "--url", url)
+        assert code != 0 and "name the cell" in said, said
+        assert (await rackscale("drain", "d00-n17", "--cell", "c1", "--url", url))[0] == 0
+        drained = {name: node_states(await e2e.cluster())["d00-n17"] for name, e2e in (("c0", c0), ("c1", c1))}
+        assert drained == {"c0": "up", "c1": "draining"}
+        code, said = await rackscale("cluster", "--cell", "c1", "--url", url)
+        assert code == 0 and "d01" in said, said  # c1's second domain: c0 has one
+
         # the cells check the token the router passes on
         async with aiohttp.ClientSession() as anonymous:
             for path in ("/v1/jobs", "/v1/cells", f"/v1/jobs/{first}"):
@@ -190,6 +203,17 @@ async def test_a_router_routes_jobs_to_cells_and_shows_them_together(open_stack:
         await wait_until(lambda: (c0 if job_cell(once) == "c0" else c1).maybe_job(once), f"{once} recorded")
         again = await submit(http, url, body, **key)
         assert again == once
+
+
+async def rackscale(*argv: str) -> tuple[int, str]:
+    """The CLI's exit code and what it printed."""
+    out: list[str] = []
+    code = await asyncio.to_thread(cli_main, list(argv), out.append, out.append)
+    return code, "\n".join(out)
+
+
+def node_states(view: dict[str, Any]) -> dict[str, str]:
+    return {n["name"]: n["state"] for d in view["domains"] for n in d["nodes"]}
 
 
 async def all_jobs(http: aiohttp.ClientSession, url: str, page: int) -> tuple[dict[str, dict[str, Any]], int]:
