@@ -11,10 +11,10 @@ from typing import Any
 
 import msgspec
 
+from services.router.upstream import MISSING_HEADER
 from shared.api import CellList, RouterHealth
 
 REF = "#/components/schemas/{name}"  # as the gateway's document refers to its schemas
-MISSING_HEADER = "X-Rackscale-Cells-Missing"
 
 # (method, path) → what `cell` does there
 CELL_PARAMS: dict[tuple[str, str], str] = {

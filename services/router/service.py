@@ -46,7 +46,15 @@ from services.router.routing import (
     refusal,
     submit_order,
 )
-from services.router.upstream import CELL_HEADER, Answer, CellUnavailable, Upstream, passed_back, passed_on
+from services.router.upstream import (
+    CELL_HEADER,
+    MISSING_HEADER,
+    Answer,
+    CellUnavailable,
+    Upstream,
+    passed_back,
+    passed_on,
+)
 from shared import sse
 from shared.api import (
     DEFAULT_PAGE,
@@ -71,7 +79,6 @@ SUMMARY_MAX_AGE_S = 1.0  # a submission is placed by the cells' summaries up to 
 HEALTH_S = 2.0  # a cell whose /healthz takes longer doesn't answer
 KEEPALIVE_S = 15.0
 RETRY_AFTER_S = 1
-MISSING_HEADER = "X-Rackscale-Cells-Missing"  # a list or merged stream without these cells (comma-separated)
 SSE_HEADERS = {"Content-Type": sse.MEDIA_TYPE, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 SSE_QUEUE = 1024  # frames buffered for a merged stream's client
 DASHBOARD = ("/", "/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css")  # static: from any cell

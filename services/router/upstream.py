@@ -31,6 +31,7 @@ _NOT_PASSED_BACK = frozenset(
     for h in ("Connection", "Keep-Alive", "Transfer-Encoding", "Content-Length", "Content-Encoding", "Server", "Date")
 )
 CELL_HEADER = "X-Rackscale-Cell"  # on every answer a cell gave: which one
+MISSING_HEADER = "X-Rackscale-Cells-Missing"  # on a list or merged stream without these cells (comma-separated)
 CONNECT_S = 3.0  # a cell that takes longer to accept a connection counts as unreachable
 REQUEST_S = 30.0  # a whole answer (not a stream) takes at most this long
 

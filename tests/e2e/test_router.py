@@ -20,8 +20,8 @@ import pytest
 
 from services.cli.main import main as cli_main
 from services.router.routing import Cells
-from services.router.service import MISSING_HEADER, Router, RouterServer
-from services.router.upstream import CELL_HEADER
+from services.router.service import Router, RouterServer
+from services.router.upstream import CELL_HEADER, MISSING_HEADER
 from shared import sse
 from shared.names import DEFAULT_CELL, job_cell
 from shared.tenants import load_home_cells

@@ -19,7 +19,8 @@ import pytest_asyncio
 from aiohttp import web
 
 from services.router.routing import Cells
-from services.router.service import MISSING_HEADER, Router, RouterServer
+from services.router.service import Router, RouterServer
+from services.router.upstream import MISSING_HEADER
 from shared import sse
 from shared.api import MAX_PAGE, CellSummary
 from shared.names import cell_job_id

@@ -22,7 +22,7 @@
   const token = sessionStorage.getItem("rackscale-token");
   const cell = params.get("cell") || ""; // the scheduling cell shown, behind a router ("": its first)
   const inCell = (path) => (cell ? `${path}${path.includes("?") ? "&" : "?"}cell=${encodeURIComponent(cell)}` : path);
-  let routed = false; // answers come through a router: they name their cell
+  let routed = false; // answers come through a router: they name their cell (X-Rackscale-Cell, services/router)
   const headers = token ? { Authorization: "Bearer " + token } : {};
 
   let selected = null; // the job whose details are shown
