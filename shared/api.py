@@ -9,6 +9,11 @@ import msgspec
 
 from shared.schemas import JobState, TopologyBody
 
+MAX_PAGE = 500  # the most items one page of a list holds (`limit`)
+DEFAULT_PAGE = 50
+# An Idempotency-Key is a Structured Field string (draft-ietf-httpapi-idempotency-key-header): printable ASCII.
+IDEMPOTENCY_KEY = "^[ -~]{1,255}$"
+
 
 class ErrorBody(msgspec.Struct, kw_only=True):
     """Every 4xx/5xx answer. `field` is the dotted path of the offending input, when there is one."""
@@ -211,3 +216,41 @@ class Health(msgspec.Struct, kw_only=True):
     nats: bool | None = None
     redis: bool | None = None
     view: bool | None = None  # Redis holds a complete view of the log (not being rebuilt)
+
+
+class CellSummary(msgspec.Struct, kw_only=True):
+    """One cell's capacity in figures (GET /v1/cluster/summary): what a router over several cells places jobs by,
+    and its /v1/cells rows. GPUs: `healthy` and `busy` as in Utilisation; `free` healthy GPUs no job holds on nodes
+    up (not draining, not down): what a job could get now. Jobs: `jobs_running` hold GPUs (placed, running or
+    moving), `jobs_pending` wait for them (every other job not ended)."""
+
+    cell: str
+    generation: int  # topology generation
+    gpus: int
+    healthy: int
+    busy: int
+    free: int
+    nodes: int
+    nodes_up: int
+    jobs_pending: int
+    jobs_running: int
+
+
+class CellStatus(msgspec.Struct, kw_only=True):
+    """A router's row for one cell (GET /v1/cells): the cell's summary, or why there is none."""
+
+    cell: str
+    up: bool  # its gateway answered
+    summary: CellSummary | None = None
+    error: str = ""  # why not, when it didn't
+
+
+class CellList(msgspec.Struct, kw_only=True):
+    cells: list[CellStatus]  # in the router's order (the first: the default cell of one-cell views)
+
+
+class RouterHealth(msgspec.Struct, kw_only=True):
+    """A router's /healthz and /readyz: which cells' gateways answer."""
+
+    status: str  # ok (every cell answers) | degraded (some do) | unavailable (none does)
+    cells: dict[str, bool]

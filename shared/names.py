@@ -16,6 +16,8 @@ closed and the commit script refuses; every commit and job write counts the view
 
 from __future__ import annotations
 
+import re
+import uuid
 from dataclasses import dataclass
 
 # A process's log (shared/rank_log.py): chunks of up to LOG_CHUNK_BYTES (or FLUSH_S of lines), the newest
@@ -38,6 +40,35 @@ class StreamSpec:
 
 
 DEFAULT_CELL = "c0"
+# A cell name becomes a Redis hash tag `{cell}` and part of NATS subjects: no braces, dots, spaces or wildcards.
+CELL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_JOB_TOKEN = re.compile(r"[0-9a-f]{32}")
+
+
+def cell_job_id(cell: str, token: str) -> str:
+    """The id of a job of `cell` minted from `token` (32 hex digits): `<cell>-<token>`, so a front door over
+    several cells (services/router) sends reads, cancels and logs to the cell without a lookup. The default
+    cell's ids stay the plain token, as they always were."""
+    return token if cell == DEFAULT_CELL else f"{cell}-{token}"
+
+
+# Idempotency-Key → job id: uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}/{key}"), in the cell's form. Never change it:
+# retries across a deploy must keep naming the same job (and a router finds an earlier submit by it).
+IDEMPOTENCY_NAMESPACE = uuid.UUID("3d1f0c52-7a4e-5b8e-9c61-2f4a8e0b7d93")
+
+
+def idempotent_job_id(tenant: str, key: str, cell: str = DEFAULT_CELL) -> str:
+    """The id a submit of `tenant` with this Idempotency-Key gets in `cell`."""
+    return cell_job_id(cell, uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}/{key}").hex)
+
+
+def job_cell(job_id: str) -> str:
+    """The cell a job id belongs to (what `cell_job_id` put in it): an id without a cell prefix is the default
+    cell's. The token has no '-', so a cell name with one ('west-2') is still read whole."""
+    cell, sep, token = job_id.rpartition("-")
+    if sep and CELL_NAME.fullmatch(cell) and _JOB_TOKEN.fullmatch(token):
+        return cell
+    return DEFAULT_CELL
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Self
@@ -18,7 +17,7 @@ from urllib.parse import urlsplit
 
 from shared.core.cycle import LEND_MIN_NODES
 from shared.core.policies import RUNNABLE
-from shared.names import DEFAULT_CELL, Names
+from shared.names import CELL_NAME, DEFAULT_CELL, Names
 from shared.redis_client import parse_redis_url
 
 __all__ = ["Setting", "Settings", "SettingsError"]
@@ -110,14 +109,30 @@ def _choice(*options: str, fold: Callable[[str], str] = str.lower) -> _Parser:
     return _Parser(" | ".join(options), parse)
 
 
-# A cell name becomes a Redis hash tag `{cell}` and part of NATS subjects: no braces, dots, spaces or wildcards.
-_CELL_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
 def _cell(raw: str) -> str:
-    if not _CELL_RE.fullmatch(raw):
+    if not CELL_NAME.fullmatch(raw):
         raise ValueError("is not a cell name (1-64 of A-Z a-z 0-9 _ -)")
     return raw
+
+
+def _cell_gateways(raw: str) -> tuple[tuple[str, str], ...]:
+    """`c0=http://a:8080,c1=http://b:8080` → ((cell, gateway URL), ...) in the order given (the first is the
+    router's default cell for one-cell views)."""
+    out: list[tuple[str, str]] = []
+    for part in raw.split(","):
+        cell, eq, url = (p.strip() for p in part.partition("="))
+        if not eq:
+            raise ValueError(f"entry {part.strip()!r} is not cell=URL")
+        if not CELL_NAME.fullmatch(cell):
+            raise ValueError(f"{cell!r} is not a cell name (1-64 of A-Z a-z 0-9 _ -)")
+        try:
+            out.append((cell, _web_url(url)))
+        except ValueError as e:
+            raise ValueError(f"cell {cell}: {url!r} {e}") from None
+    cells = [c for c, _ in out]
+    if len(set(cells)) != len(cells):
+        raise ValueError(f"a cell is named twice ({', '.join(cells)})")
+    return tuple(out)
 
 
 def _text(raw: str) -> str:
@@ -201,6 +216,16 @@ class Settings:
     )
     gateway_host: str = _env("RACKSCALE_GATEWAY_HOST", _text, "127.0.0.1", "HTTP gateway bind address", kind="host")
     gateway_port: int = _env("RACKSCALE_GATEWAY_PORT", _port, 8080, "HTTP gateway port", kind="0-65535")
+    router_host: str = _env("RACKSCALE_ROUTER_HOST", _text, "127.0.0.1", "router: HTTP bind address", kind="host")
+    router_port: int = _env("RACKSCALE_ROUTER_PORT", _port, 8080, "router: HTTP port", kind="0-65535")
+    cell_gateways: tuple[tuple[str, str], ...] | None = _env(
+        "RACKSCALE_CELL_GATEWAYS",
+        _cell_gateways,
+        None,
+        "router: each cell's gateway, `c0=http://gw-c0:8080,c1=http://gw-c1:8080` (the first: the default cell "
+        "of one-cell views)",
+        kind="cell=URL, comma-separated",
+    )
     jaeger_ui_url: str = _env(
         "RACKSCALE_JAEGER_UI_URL",
         _web_url,
@@ -229,7 +254,11 @@ class Settings:
         kind="path",
     )
     tenants_file: str | None = _env(
-        "RACKSCALE_TENANTS_FILE", _text, None, "queue: per-tenant GPU quota and fair-share weight (YAML)", kind="path"
+        "RACKSCALE_TENANTS_FILE",
+        _text,
+        None,
+        "queue: per-tenant GPU quota and fair-share weight; router: each tenant's home cell (YAML, shared.tenants)",
+        kind="path",
     )
     checkpoint_s: float = _env(
         "RACKSCALE_CHECKPOINT_S",

@@ -452,6 +452,10 @@ class Store:
         """The ids of every job not yet terminal, in id order."""
         return sorted(m.decode() for m in await self.r.smembers(self.names.active_jobs_key))
 
+    async def active_job_count(self) -> int:
+        """How many jobs have not ended (the size of the active set; no record read)."""
+        return int(await self.r.scard(self.names.active_jobs_key))
+
     async def active_jobs(self) -> list[JobRecord]:
         """Every job not yet terminal."""
         return await self.get_jobs(await self.active_job_ids())

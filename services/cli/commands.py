@@ -187,7 +187,7 @@ def _domains(job: dict[str, Any]) -> str:
 
 
 def jobs(args: argparse.Namespace, client: Client, out: Out) -> int:
-    query = {"tenant": args.tenant, "state": args.state, "limit": args.limit, "offset": args.offset}
+    query = {"tenant": args.tenant, "state": args.state, "limit": args.limit, "offset": args.offset, "cell": args.cell}
     doc = client.get("/v1/jobs", query)
     if args.json:
         _print_json(out, doc)
@@ -227,7 +227,7 @@ def _placed(parts: Sequence[dict[str, Any]]) -> str:
 
 
 def migrations(args: argparse.Namespace, client: Client, out: Out) -> int:
-    query = {"tenant": args.tenant, "job": args.job, "limit": args.limit, "offset": args.offset}
+    query = {"tenant": args.tenant, "job": args.job, "limit": args.limit, "offset": args.offset, "cell": args.cell}
     doc = client.get("/v1/migrations", query)
     if args.json:
         _print_json(out, doc)
@@ -369,7 +369,7 @@ def logs(args: argparse.Namespace, client: Client, out: Out) -> int:
 
 
 def cluster(args: argparse.Namespace, client: Client, out: Out) -> int:
-    resp = client.request("GET", "/v1/cluster")
+    resp = client.request("GET", "/v1/cluster", query={"cell": args.cell})
     if args.json:
         _print_json(out, resp.body)
         return 0
@@ -383,7 +383,7 @@ def cluster(args: argparse.Namespace, client: Client, out: Out) -> int:
 
 def _admin(action: str, args: argparse.Namespace, client: Client, out: Out) -> int:
     body = {"reason": args.reason} if getattr(args, "reason", None) else None
-    doc = client.post(f"/v1/nodes/{quote(args.node)}/{action}", body).body or {}
+    doc = client.request("POST", f"/v1/nodes/{quote(args.node)}/{action}", body, query={"cell": args.cell}).body or {}
     if args.json:
         _print_json(out, doc)
     else:

@@ -9,7 +9,8 @@
     rackscale sim --trace FILE ...                                   replay a trace, compare policies
 
 Every command but `up` and `demo` talks HTTP to --url (default $RACKSCALE_URL or http://127.0.0.1:8080),
-with $RACKSCALE_TOKEN as its bearer token when set.
+with $RACKSCALE_TOKEN as its bearer token when set: a gateway, or a router over several cells (`--cell` picks
+one for `cluster`, the node commands and the lists).
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     api = argparse.ArgumentParser(add_help=False)
     api.add_argument("--url", default=default_url(), help="gateway URL (default $RACKSCALE_URL or %(default)s)")
     api.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    # behind a router over several cells (services/router); a plain gateway is one cell and takes no --cell
+    in_cell = argparse.ArgumentParser(add_help=False)
+    in_cell.add_argument("--cell", default=None, help="through a router: one cell's (lists: default every cell's)")
+    node_cell = argparse.ArgumentParser(add_help=False)
+    node_cell.add_argument("--cell", default=None, help="through a router over several cells: the node's cell")
 
     s = sub.add_parser(
         "submit", parents=[api], help="submit a job", usage="%(prog)s (--gpus N | -f JOB.yaml) [options] [-- CMD ...]"
@@ -114,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("words", nargs=argparse.REMAINDER)
     sb.set_defaults(url=default_url(), json=False)
 
-    js = sub.add_parser("jobs", parents=[api], help="list jobs")
+    js = sub.add_parser("jobs", parents=[api, in_cell], help="list jobs")
     js.add_argument("--tenant", default=None)
     js.add_argument("--state", choices=JOB_STATES, default=None)
     js.add_argument("--limit", type=positive_int, default=50, help="at most this many (max 500, default 50)")
@@ -130,16 +136,20 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--attempt", type=positive_int, default=None, help="an earlier attempt's (default the latest)")
     c = sub.add_parser("cancel", parents=[api], help="cancel a job")
     c.add_argument("id")
-    sub.add_parser("cluster", parents=[api], help="the fleet, one row of GPUs per NVLink domain")
-    d = sub.add_parser("drain", parents=[api], help="let a node's jobs finish, place nothing new on it")
+    sub.add_parser("cluster", parents=[api, in_cell], help="the fleet, one row of GPUs per NVLink domain")
+    d = sub.add_parser("drain", parents=[api, node_cell], help="let a node's jobs finish, place nothing new on it")
     d.add_argument("node")
     d.add_argument("--reason", default="", help="why (shown with the node)")
-    u = sub.add_parser("undrain", parents=[api], help="put a drained node back in service")
+    u = sub.add_parser("undrain", parents=[api, node_cell], help="put a drained node back in service")
     u.add_argument("node")
-    ch = sub.add_parser("clear-health", parents=[api], help="lift the GPU health rules' verdicts (fatal XIDs too)")
+    ch = sub.add_parser(
+        "clear-health", parents=[api, node_cell], help="lift the GPU health rules' verdicts (fatal XIDs too)"
+    )
     ch.add_argument("node")
     ch.add_argument("--reason", default="", help="why (shown in the node's event)")
-    ms = sub.add_parser("migrations", parents=[api], help="moves of running jobs: job, from, to, why, state, timings")
+    ms = sub.add_parser(
+        "migrations", parents=[api, in_cell], help="moves of running jobs: job, from, to, why, state, timings"
+    )
     ms.add_argument("--tenant", default=None)
     ms.add_argument("--job", default=None, help="only this job's moves")
     ms.add_argument("--limit", type=positive_int, default=50, help="at most this many (max 500, default 50)")

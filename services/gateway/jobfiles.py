@@ -13,15 +13,20 @@ from dataclasses import dataclass
 import msgspec
 
 from services.gateway.validation import ApiError, decode_job
-from shared.jobfile import JobFile, JobFileError, load_script_text, load_yaml_text, parse_script, parse_yaml
+from shared.jobfile import (
+    SCRIPT_TYPES,
+    YAML_TYPES,
+    JobFile,
+    JobFileError,
+    load_script_text,
+    load_yaml_text,
+    parse_script,
+    parse_yaml,
+)
 from shared.jobfile.errors import where
 from shared.schemas import JobBody
 
 SCHEMA_PATH = "/v1/schemas/job.json"  # the body's JSON Schema (shared/jobfile/schema.py), public as /openapi.json is
-YAML = "application/yaml"
-SCRIPT = "text/x-shellscript"
-YAML_TYPES = frozenset({YAML, "application/x-yaml", "text/yaml", "text/x-yaml"})
-SCRIPT_TYPES = frozenset({SCRIPT, "application/x-sh", "text/x-sh"})
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,10 +13,10 @@ import msgspec
 
 from services.gateway import dashboard
 from services.gateway.auth import PUBLIC_PATHS, QUERY_TOKEN, SCHEME
-from services.gateway.jobfiles import SCHEMA_PATH, SCRIPT, YAML
+from services.gateway.jobfiles import SCHEMA_PATH
 from services.gateway.validation import IDEMPOTENCY_KEY, MAX_SEQ
 from shared import api, sse
-from shared.jobfile import SCRIPT_MAX_BYTES
+from shared.jobfile import SCRIPT, SCRIPT_MAX_BYTES, YAML
 from shared.jobfile.schema import described
 from shared.schemas import JobBody, JobEvent, JobState, NodeChanged
 
@@ -31,6 +31,7 @@ _SCHEMA_TYPES: tuple[Any, ...] = (
     api.JobList,
     api.MigrationList,
     api.ClusterView,
+    api.CellSummary,
     api.DrainBody,
     api.NodeAdminResult,
     api.ErrorBody,
@@ -100,7 +101,7 @@ _LIST_PARAMS = [
         "name": "limit",
         "in": "query",
         "required": False,
-        "schema": {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+        "schema": {"type": "integer", "minimum": 1, "maximum": api.MAX_PAGE, "default": api.DEFAULT_PAGE},
     },
 ]
 
@@ -261,6 +262,18 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "Domains, nodes and GPUs with health, owners, allocations and utilisation",
         "tags": ["cluster"],
         "responses": {"200": _json("ClusterView", "the cluster")},
+    },
+    ("get", "/v1/cluster/summary"): {
+        "operationId": "getClusterSummary",
+        "summary": "The cell's capacity in figures: GPUs total, healthy, busy and free, nodes up, jobs pending and "
+        "running",
+        "description": "Counts only (no job, tenant or node named), so any token reads it: what a router over "
+        "several cells places jobs by (services/router).",
+        "tags": ["cluster"],
+        "responses": {
+            "200": _json("CellSummary", "the cell's figures"),
+            "503": _error("the view is being rebuilt, or Redis is unavailable"),
+        },
     },
     ("get", "/v1/migrations"): {
         "operationId": "listMigrations",

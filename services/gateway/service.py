@@ -23,16 +23,18 @@ from aiohttp import web
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from services.gateway import auth, dashboard, dry_run, jobfiles, openapi, views
+from services.gateway import auth, dashboard, dry_run, jobfiles, openapi, summary, views
 from services.gateway.auth import Principal, Tokens
 from services.gateway.metrics import cluster_metrics
 from services.gateway.validation import MAX_SEQ, ApiError, check_idempotency_key, check_job, decode_json
 from shared import api, sse
+from shared.api import DEFAULT_PAGE, MAX_PAGE
 from shared.core import JobSpec, Topology
 from shared.held_view import HeldView
 from shared.jobfile import schema
 from shared.joblog import read_log
 from shared.metrics import metrics_response
+from shared.names import cell_job_id, idempotent_job_id
 from shared.rank_log import LogReader, as_text
 from shared.redis_client import UNAVAILABLE
 from shared.runtime import Deps, Service
@@ -65,12 +67,7 @@ class NotRecordedYet(Exception):
     """A job without a record while submits wait for the queue: it may be one of them (503, not 404)."""
 
 
-# Idempotency-Key → job id: uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}/{key}"). Never change it: retries
-# across a deploy must keep naming the same job.
-IDEMPOTENCY_NAMESPACE = uuid.UUID("3d1f0c52-7a4e-5b8e-9c61-2f4a8e0b7d93")
 MAX_BODY = 1 << 20
-MAX_PAGE = 500
-DEFAULT_PAGE = 50
 # A submission is checked against a registered topology up to this old (no round trip for it). Nodes are
 # only added (a down node keeps its record), so a stale topology can only refuse too much: a job it refuses
 # is checked again against the current one. Without any node registered the current one is always read.
@@ -99,10 +96,6 @@ def error_response(status: int, error: str, field: str | None = None) -> web.Res
 
 def api_error(e: ApiError) -> web.Response:
     return error_response(e.status, e.error, e.field)
-
-
-def idempotent_job_id(tenant: str, key: str) -> str:
-    return uuid.uuid5(IDEMPOTENCY_NAMESPACE, f"{tenant}/{key}").hex
 
 
 def _trace_parent(request: web.Request) -> dict[str, str] | None:
@@ -210,12 +203,12 @@ class Gateway:
             bad = check_idempotency_key(key)
             if bad is not None:
                 return api_error(bad)
-            job_id = idempotent_job_id(body.tenant, key)
+            job_id = idempotent_job_id(body.tenant, key, self.deps.names.cell)
             existing = await self.deps.store.get_job(job_id)
             if existing is not None:
                 return await self._resubmitted(existing, body)
         else:
-            job_id = uuid.uuid4().hex
+            job_id = cell_job_id(self.deps.names.cell, uuid.uuid4().hex)  # the id says its cell (a router reads it)
         checked = await self.checked_job(body, job_id)
         if isinstance(checked, ApiError):
             return api_error(submission.located(checked))
@@ -431,6 +424,17 @@ class Gateway:
             view = views.redact_cluster(view, {r.id for r in recs if r.spec.tenant == who.tenant})
         return json_response(view)
 
+    async def cluster_summary(self, request: web.Request) -> web.Response:
+        """GET /v1/cluster/summary: the cell's capacity in figures (services/gateway/summary.py), what a router over
+        several cells places jobs by. Counts only, nothing named: any token reads it."""
+        store = self.deps.store
+        await store.require_view()
+        gen = await store.topology_generation()
+        kept = self._cluster_records
+        nodes = kept[1] if kept is not None and kept[0] == gen else (await self._cluster_nodes(gen))[0]
+        allocs, active = await asyncio.gather(self._cluster_allocations(), store.active_job_count())
+        return json_response(summary.cell_summary(self.deps.names.cell, nodes, allocs, gen, active))
+
     async def follow_allocations(self, _app: web.Application | None = None) -> None:
         """Hear placement's commits and releases (core NATS), so `/v1/cluster` needs no read of every allocation;
         a break in the link may have lost some: the next request reads them all."""
@@ -604,6 +608,7 @@ def routes(gw: Gateway, spec: bytes) -> list[tuple[str, str, Handler]]:
         ("GET", "/v1/jobs/{id}", gw.get_job),
         ("DELETE", "/v1/jobs/{id}", gw.cancel),
         ("GET", "/v1/cluster", gw.cluster),
+        ("GET", "/v1/cluster/summary", gw.cluster_summary),
         ("GET", "/v1/migrations", gw.list_migrations),
         ("POST", "/v1/nodes/{id}/drain", gw.drain),
         ("POST", "/v1/nodes/{id}/undrain", gw.undrain),

@@ -17,6 +17,7 @@ from typing import TypeVar
 import msgspec
 
 from shared import launch
+from shared.api import IDEMPOTENCY_KEY
 from shared.core import JobSpec, Need, ShapeError, Topology, request, segments
 from shared.core.arrays import ArraySyntaxError, parse_array
 from shared.core.dependencies import DependencySyntaxError, parse_dependency
@@ -27,9 +28,7 @@ from shared.schemas import ENV_TOTAL_MAX, JOB_BODY_JSON, JobBody
 
 T = TypeVar("T")
 
-# An Idempotency-Key is a Structured Field string (draft-ietf-httpapi-idempotency-key-header): printable ASCII.
-# /openapi.json states the same pattern.
-IDEMPOTENCY_KEY = "^[ -~]{1,255}$"
+# /openapi.json states the same pattern (shared.api.IDEMPOTENCY_KEY).
 _IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY)
 
 

@@ -22,6 +22,8 @@ import pytest
 import pytest_asyncio
 from playwright.async_api import Browser, Page, async_playwright
 
+from services.router.routing import Cells
+from services.router.service import Router, RouterServer
 from tests.browser import ensure_chromium
 from tests.e2e.conftest import E2E, StackFactory, service_errors
 
@@ -189,3 +191,42 @@ async def test_dashboard_renders_updates_live_and_shows_placement_and_reasons(
     assert not problems, problems
     await page.close()
     assert not service_errors(caplog.records)
+
+
+async def test_through_a_router_the_dashboard_shows_one_cell_and_a_row_of_every_cells_summary(
+    open_stack: StackFactory, browser: Browser, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(TOKENS_YAML)
+    cell = {"tokens_file": str(tokens)}
+    c0 = await open_stack(domains=1, token=ADMIN, settings=cell)
+    c1 = await open_stack(domains=2, token=ADMIN, settings={**cell, "cell": "c1"})
+    job = await c1.submit(nvlink("in-c1", "ops", 8))
+    await c1.wait_state(job, {"running"})
+    router = RouterServer(Router(Cells(gateways=(("c0", c0.url), ("c1", c1.url)), homes={})), "127.0.0.1", 0)
+    await router.start()
+    page = await browser.new_page(viewport={"width": 1280, "height": 900}, bypass_csp=True)
+    page.set_default_timeout(WAIT_MS)
+    problems: list[str] = []
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    try:
+        # the router's first cell by default: its one domain, and a link per cell with its figures
+        await page.goto(f"{router.url}/?token={ADMIN}")
+        await page.wait_for_function("document.querySelectorAll('#cells a').length === 2")
+        assert await page.locator("#domains .domain").count() == 1
+        links = await page.eval_on_selector_all("#cells a", "as => as.map(a => [a.dataset.cell, a.className])")
+        assert links == [["c0", "current"], ["c1", ""]], links
+        assert "8/144 GPUs busy" in (await page.text_content("#cells a[data-cell=c1]") or "")
+        # a click on c1: its two domains, its job's cells
+        await page.locator("#cells a[data-cell=c1]").click()
+        await page.wait_for_function("document.querySelectorAll('#domains .domain').length === 2")
+        await wait_cells(page, job, 8)
+        assert await page.get_attribute("#cells a.current", "data-cell") == "c1"
+        assert page.url == f"{router.url}/dashboard?cell=c1"
+        await page.wait_for_selector('#live[data-live="1"]')  # every cell's events, merged by the router
+        await page.screenshot(path=artifacts_dir() / "dashboard-cells.png", full_page=True)
+        assert not problems, problems
+    finally:
+        await page.close()
+        await router.stop()

@@ -1,4 +1,5 @@
-"""Schemathesis against the running system: every operation of /openapi.json fuzzed on the embedded stack.
+"""Schemathesis against the running system: every operation of /openapi.json fuzzed on the embedded stack, and
+on a router (services/router) over two such cells, against the router's own document.
 
 The whole stack (`services.stack.Stack`, simulated agents) runs with bearer tokens, as a deployment does; the
 fuzz (`st run`, a child process) reads the document the gateway serves and checks every answer against it:
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from services.router.routing import Cells
+from services.router.service import Router, RouterServer
 from tests.e2e.conftest import StackFactory
 
 pytestmark = pytest.mark.asyncio
@@ -40,6 +43,28 @@ async def test_the_gateway_conforms_to_its_openapi_document(open_stack: StackFac
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(TOKENS)
     e2e = await open_stack(domains=1, nodes_per_domain=4, token=ADMIN, settings={"tokens_file": str(tokens)})
+    await fuzz(e2e.url, tmp_path)
+
+
+async def test_a_router_over_two_cells_conforms_to_its_openapi_document(
+    open_stack: StackFactory, tmp_path: Path
+) -> None:
+    """Its document is a cell's with the router's additions (services/router/openapi.py)."""
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(TOKENS)
+    settings = {"tokens_file": str(tokens)}
+    c0 = await open_stack(domains=1, nodes_per_domain=4, token=ADMIN, settings=settings)
+    c1 = await open_stack(domains=1, nodes_per_domain=4, token=ADMIN, settings={**settings, "cell": "c1"})
+    router = RouterServer(Router(Cells(gateways=(("c0", c0.url), ("c1", c1.url)), homes={})), "127.0.0.1", 0)
+    await router.start()
+    try:
+        await fuzz(router.url, tmp_path)
+    finally:
+        await router.stop()
+
+
+async def fuzz(url: str, tmp_path: Path) -> None:
+    """Schemathesis over every operation of `url`/openapi.json, as the admin; fails naming what it found."""
     env = {
         **os.environ,
         "SCHEMATHESIS_HOOKS": "tests.e2e.schemathesis_hooks",
@@ -53,7 +78,7 @@ async def test_the_gateway_conforms_to_its_openapi_document(open_stack: StackFac
         "--config-file",
         str(HERE / "schemathesis.toml"),
         "run",
-        f"{e2e.url}/openapi.json",
+        f"{url}/openapi.json",
         "--checks",
         "all",
         "--max-examples",

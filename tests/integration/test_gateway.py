@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 
 from services.gateway.service import GatewayService, build_app, idempotent_job_id
 from shared import sse
-from shared.names import Names
+from shared.names import Names, job_cell
 from shared.runtime import Deps
 from shared.schemas import (
     JOB_INTAKE,
@@ -339,6 +339,49 @@ async def test_cancel_publishes_job_cancel(gw: Gw) -> None:
     assert done.status == 409 and "already succeeded" in (await done.json())["error"]
     assert (await gw.client.delete("/v1/jobs/nope")).status == 404
     assert await gw.stream_count(gw.names.job_cancel) == 1
+
+
+async def test_a_gateway_of_another_cell_mints_ids_naming_it_and_sums_its_cell_up(
+    nats_url: str, redis_url: str, namespace: str
+) -> None:
+    names = Names(prefix=namespace, cell="c1")
+    deps = await _deps(nats_url, redis_url, names)
+    await deps.store.open_view(ViewMark(), time.time())
+    try:
+        async with TestClient(TestServer(build_app(deps))) as client:
+            store = deps.store
+            await store.put_node(_node("n1", "r1", gpu_health={"3": "down"}))
+            await store.put_node(_node("n2", "r1", state="draining", drained=True))
+            await store.put_node(_node("n3", "r2", state="down"))
+            resp = await client.post("/v1/jobs", json={**JOB, "gpus": 4})
+            minted = (await resp.json())["id"]
+            assert resp.status == 202 and minted.startswith("c1-") and job_cell(minted) == "c1"
+            keyed = await client.post("/v1/jobs", json={**JOB, "gpus": 4}, headers={"Idempotency-Key": "k"})
+            assert (
+                (await keyed.json())["id"] == idempotent_job_id("a", "k", "c1") == f"c1-{idempotent_job_id('a', 'k')}"
+            )
+            # one job holding 2 GPUs of n1, another pending, a third ended
+            for job, state in (("c1-j1", JobState.RUNNING), ("c1-j2", JobState.PENDING), ("c1-j3", JobState.FAILED)):
+                await store.put_job(_record(job, state=state), new=True)
+            held = [NodeGpus("n1", [0, 1])]
+            assert (await store.commit(AllocationRecord(job_id="c1-j1", attempt=1, nodes=held, committed_at=NOW))).ok
+            resp = await client.get("/v1/cluster/summary")
+            assert resp.status == 200
+            assert await resp.json() == {
+                "cell": "c1",
+                "generation": await store.topology_generation(),
+                "gpus": 12,
+                "healthy": 7,  # n1's GPU 3 and all of n3 are down
+                "busy": 2,
+                "free": 1,  # n1's GPU 2: n2 is draining
+                "nodes": 3,
+                "nodes_up": 1,
+                "jobs_pending": 1,
+                "jobs_running": 1,
+            }
+    finally:
+        await deps.close()
+        await _cleanup(nats_url, redis_url, namespace)
 
 
 async def test_cluster_view(gw: Gw) -> None:

@@ -11,7 +11,7 @@ import pytest
 from services.gateway import openapi
 from services.gateway.auth import PUBLIC_PATHS, SCHEME, Role, Tokens, TokensError
 from shared.core import TenantPolicy
-from shared.tenants import TenantsError, load_tenants
+from shared.tenants import TenantsError, load_home_cells, load_tenants
 
 TOKEN = "a-token-of-sixteen+"
 
@@ -58,6 +58,12 @@ def test_tenants_file_gives_the_cores_tenant_policies(tmp_path: Path) -> None:
     assert got == {"a": TenantPolicy(weight=2.0, quota_gpus=16), "b": TenantPolicy()}
 
 
+def test_tenants_file_gives_the_routers_home_cells(tmp_path: Path) -> None:
+    path = write(tmp_path, "tenants:\n  a: {quota_gpus: 16, cell: west-2}\n  b: {weight: 2}\n")
+    assert load_home_cells(path) == {"a": "west-2"}
+    assert load_tenants(path) == {"a": TenantPolicy(quota_gpus=16), "b": TenantPolicy(weight=2.0)}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -66,6 +72,8 @@ def test_tenants_file_gives_the_cores_tenant_policies(tmp_path: Path) -> None:
         ("tenants:\n  a: {quota_gpus: 1.5}", "tenants.a.quota_gpus"),
         ("tenants:\n  a: {weight: 0}", "tenants.a.weight"),
         ("tenants:\n  a: {quota: 3}", "tenants.a: expected"),
+        ("tenants:\n  a: {cell: c.1}", "tenants.a.cell: must be a cell name"),
+        ("tenants:\n  a: {cell: 7}", "tenants.a.cell: must be a cell name"),
     ],
 )
 def test_bad_tenants_files_name_the_tenant(tmp_path: Path, text: str, message: str) -> None:

@@ -150,6 +150,9 @@ def test_jobs_and_admin_arguments() -> None:
     d = parse("drain", "d00-n01", "--reason", "bad fan")
     assert (d.node, d.reason) == ("d00-n01", "bad fan")
     assert parse("undrain", "d00-n01").node == "d00-n01"
+    # through a router over several cells: which cell (none: the lists span every cell)
+    assert (parse("drain", "d00-n01", "--cell", "c1").cell, parse("cluster").cell) == ("c1", None)
+    assert parse("jobs", "--cell", "west-2").cell == "west-2" and parse("migrations", "--cell", "c0").cell == "c0"
 
 
 def test_url_defaults_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,9 @@ from typing import Literal, NamedTuple
 __all__ = [
     "Accepted",
     "AllocationView",
+    "CellList",
+    "CellStatus",
+    "CellSummary",
     "ClusterView",
     "DomainView",
     "DrainBody",
@@ -37,6 +40,7 @@ __all__ = [
     "NodeView",
     "Placed",
     "RankExitView",
+    "RouterHealth",
     "TopologyBody",
     "Utilisation",
 ]
@@ -63,6 +67,45 @@ class AllocationView:
     attempt: int
     committed_at: float
     nodes: list[Placed]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellSummary:
+    """One cell's capacity in figures (GET /v1/cluster/summary): what a router over several cells places jobs by,
+    and its /v1/cells rows. GPUs: `healthy` and `busy` as in Utilisation; `free` healthy GPUs no job holds on nodes
+    up (not draining, not down): what a job could get now. Jobs: `jobs_running` hold GPUs (placed, running or
+    moving), `jobs_pending` wait for them (every other job not ended).
+    """
+
+    cell: str
+    # topology generation
+    generation: int
+    gpus: int
+    healthy: int
+    busy: int
+    free: int
+    nodes: int
+    nodes_up: int
+    jobs_pending: int
+    jobs_running: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellStatus:
+    """A router's row for one cell (GET /v1/cells): the cell's summary, or why there is none."""
+
+    cell: str
+    # its gateway answered
+    up: bool
+    summary: CellSummary | None = None
+    # why not, when it didn't
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellList:
+    # in the router's order (the first: the default cell of one-cell views)
+    cells: list[CellStatus]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -439,3 +482,12 @@ class NodeChanged:
     rule_health: dict[str, str] = _field(default_factory=dict)
     # the agent's: a registration with another one clears latched faults
     boot_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterHealth:
+    """A router's /healthz and /readyz: which cells' gateways answer."""
+
+    # ok (every cell answers) | degraded (some do) | unavailable (none does)
+    status: str
+    cells: dict[str, bool]

@@ -1,7 +1,9 @@
 // Rackscale dashboard: every NVLink domain as its grid of GPU cells (one row per node, as `rackscale cluster`
 // draws them), the pending queue with reasons, and a job's placement, trace and last log lines on click.
 // Data: GET /v1/cluster and /v1/jobs; every server-sent event of /v1/events triggers a (debounced) redraw, so
-// what is shown is always the API's view. User strings only ever go into textContent or attributes.
+// what is shown is always the API's view. User strings only ever go into textContent or attributes. Behind a
+// router over several scheduling cells (its answers name their cell) it shows one cell, ?cell= (default: the
+// router's first), and a row of every cell's summary (GET /v1/cells) to pick another.
 "use strict";
 
 (() => {
@@ -18,6 +20,9 @@
     history.replaceState(null, "", location.pathname + (rest ? "?" + rest : "") + location.hash);
   }
   const token = sessionStorage.getItem("rackscale-token");
+  const cell = params.get("cell") || ""; // the scheduling cell shown, behind a router ("": its first)
+  const inCell = (path) => (cell ? `${path}${path.includes("?") ? "&" : "?"}cell=${encodeURIComponent(cell)}` : path);
+  let routed = false; // answers come through a router: they name their cell (X-Rackscale-Cell, services/router)
   const headers = token ? { Authorization: "Bearer " + token } : {};
 
   let selected = null; // the job whose details are shown
@@ -25,6 +30,7 @@
 
   async function api(path) {
     const r = await fetch(path, { headers, cache: "no-store" });
+    if (r.headers.has("X-Rackscale-Cell")) routed = true;
     if (!r.ok) {
       let why = `${r.status} ${r.statusText}`;
       try {
@@ -115,6 +121,23 @@
     $("summary").textContent = `${view.domains.length} NVLink domains · ${u.busy}/${u.total} GPUs busy`;
   }
 
+  // One link per cell: its GPUs busy and jobs pending, or why it has no summary; the shown cell marked.
+  function drawCells(list) {
+    const shown = cell || (list.cells[0] && list.cells[0].cell);
+    const links = list.cells.map((row) => {
+      const s = row.summary;
+      const figures = s ? `${s.busy}/${s.gpus} GPUs busy · ${s.jobs_pending} pending` : "down";
+      const text = `${row.cell} · ${figures}`;
+      const a = el("a", `${row.cell === shown ? "current" : ""} ${row.up ? "" : "down"}`.trim(), text);
+      a.href = `?cell=${encodeURIComponent(row.cell)}`;
+      a.dataset.cell = row.cell;
+      if (row.error) a.title = row.error;
+      return a;
+    });
+    $("cells").replaceChildren(...links);
+    $("cells").hidden = false;
+  }
+
   function drawPending(list) {
     const rows = list.jobs.map((j) => {
       const li = el("li", j.id === selected ? "selected" : "");
@@ -200,9 +223,13 @@
     running = true;
     lastStart = performance.now();
     try {
-      const [cluster, pending] = await Promise.all([api("/v1/cluster"), api("/v1/jobs?state=pending&limit=500")]);
+      const [cluster, pending] = await Promise.all([
+        api(inCell("/v1/cluster")),
+        api(inCell("/v1/jobs?state=pending&limit=500")),
+      ]);
       drawCluster(cluster);
       drawPending(pending);
+      if (routed) drawCells(await api("/v1/cells"));
       if (selected) {
         try {
           const [job, text] = await Promise.all([api(`/v1/jobs/${encodeURIComponent(selected)}`), lastLines(selected)]);
