@@ -5,8 +5,8 @@ both read with this one reader; the body is then validated as a JSON submit is. 
 """
 
 from shared.jobfile.errors import COMMAND_LINE, JobFileError
-from shared.jobfile.media import SCRIPT, SCRIPT_TYPES, YAML, YAML_TYPES
 from shared.jobfile.jobfile import JobFile
+from shared.jobfile.media import SCRIPT, SCRIPT_TYPES, YAML, YAML_TYPES
 from shared.jobfile.sbatch import SCRIPT_MAX_BYTES, command_line_words, load_script_text, parse_script
 from shared.jobfile.yaml_job import load_yaml_text, parse_yaml
 
