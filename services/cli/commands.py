@@ -95,8 +95,11 @@ def flag_fields(args: argparse.Namespace) -> dict[str, Any]:
 def submit(args: argparse.Namespace, client: Client, out: Out) -> int:
     if args.file:
         job = jobfiles.yaml_job(args, flag_fields(args), submit_defaults(args))
-        status, doc = jobfiles.send(client, args.file, job, idempotency_key=args.idempotency_key)
-        jobfiles.print_answer(out, status, doc, as_json=args.json)
+        status, doc = jobfiles.send(
+            client, args.file, job, idempotency_key=args.idempotency_key, test_only=args.test_only
+        )
+        dry_run = (lambda d: describe_dry_run(d, time.time())) if args.test_only else None
+        jobfiles.print_answer(out, status, doc, as_json=args.json, dry_run=dry_run)
         return 0
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else None
     if args.test_only:
@@ -404,7 +407,9 @@ def clear_health(args: argparse.Namespace, client: Client, out: Out) -> int:
 
 
 def sbatch(args: argparse.Namespace, client: Client, out: Out) -> int:
-    return jobfiles.sbatch(args, client, out, tenant=default_tenant())
+    return jobfiles.sbatch(
+        args, client, out, tenant=default_tenant(), describe_dry_run=lambda d: describe_dry_run(d, time.time())
+    )
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, Client, Out], int]] = {

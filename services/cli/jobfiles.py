@@ -7,7 +7,8 @@ one the gateway finds in a field the file set, is printed with the file's line: 
 
 sbatch's OPTIONS are the script's own (`--nodes 4`, `-t 1:00:00`, `--nvlink=preferred`), read after its lines so
 they override them, and this command's switches: --url, --json, --test-only (ask the gateway whether and where it
-would run: `?dry_run=true`, the answer printed as JSON), --parsable (print the job id alone), --idempotency-key.
+would run: `?dry_run=true`, said in words, or as JSON with --json), --parsable (print the job id alone),
+--idempotency-key.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ script's; ARGS are the script's $1 ...
 
   --url URL               gateway URL (default $RACKSCALE_URL or http://127.0.0.1:8080)
   --json                  print the API's JSON answer
-  --test-only             don't submit: ask whether and where it would run (the answer as JSON)
+  --test-only             don't submit: ask whether and where it would run (--json: the answer as JSON)
   --parsable              print the job id alone
   --idempotency-key KEY   a retry with the same key names the same job
   -h, --help              this text"""
@@ -99,9 +100,20 @@ def yaml_job(args: argparse.Namespace, flags: Mapping[str, Any], defaults: Mappi
     return dataclasses.replace(job, body={**job.body, **missing}) if missing else job
 
 
-def print_answer(out: Out, status: int, doc: Any, *, as_json: bool, parsable: bool = False) -> None:
+def print_answer(
+    out: Out,
+    status: int,
+    doc: Any,
+    *,
+    as_json: bool,
+    parsable: bool = False,
+    dry_run: Callable[[dict[str, Any]], str] | None = None,
+) -> None:
+    """`dry_run`: the answer is a dry run's (--test-only), said in words by this."""
     if as_json:
         out(json.dumps(doc, indent=2, sort_keys=True))
+    elif dry_run is not None:
+        out(dry_run(doc))
     elif parsable:
         out(str(doc.get("id")))
     elif status == 200:  # the Idempotency-Key named a job submitted before
@@ -151,8 +163,15 @@ def sbatch_args(words: Sequence[str]) -> SbatchArgs:
     return out
 
 
-def sbatch(args: argparse.Namespace, client: Client, out: Out, *, tenant: str) -> int:
-    """`tenant`: the job's when the script names no --account."""
+def sbatch(
+    args: argparse.Namespace,
+    client: Client,
+    out: Out,
+    *,
+    tenant: str,
+    describe_dry_run: Callable[[dict[str, Any]], str],
+) -> int:
+    """`tenant`: the job's when the script names no --account; `describe_dry_run`: --test-only's answer in words."""
     cmd = sbatch_args(args.words)
     if cmd.help:
         out(SBATCH_USAGE)
@@ -176,5 +195,6 @@ def sbatch(args: argparse.Namespace, client: Client, out: Out, *, tenant: str) -
     if cmd.url:
         client = dataclasses.replace(client, base=cmd.url)
     status, doc = send(client, script, job, idempotency_key=cmd.idempotency_key, test_only=cmd.test_only)
-    print_answer(out, status, doc, as_json=cmd.json or cmd.test_only, parsable=cmd.parsable)
+    dry_run = describe_dry_run if cmd.test_only else None
+    print_answer(out, status, doc, as_json=cmd.json, parsable=cmd.parsable and not dry_run, dry_run=dry_run)
     return 0

@@ -105,12 +105,22 @@ def test_sbatch_sends_the_script_as_the_command_with_options_around_it(api: API,
 
 def test_sbatch_test_only_asks_for_a_dry_run_and_parsable_prints_the_id(api: API, tmp_path: Path) -> None:
     url, handler = api
-    handler.routes[("POST", "/v1/jobs")] = (200, b'{"placeable": true}')
+    alloc = [{"domain": "d00", "node": f"d00-n0{i}", "gpus": [0, 1, 2, 3]} for i in range(2)]
+    answer = {"start": "now", "gpus": 8, "domains": ["d00"], "reason": "", "segment": None, "forecast_start": None}
+    answer["allocation"] = alloc
+    handler.routes[("POST", "/v1/jobs")] = (200, json.dumps(answer).encode())
     script = tmp_path / "s.sh"
     script.write_text(SCRIPT)
     code, out, _ = run_cli("sbatch", "--test-only", str(script), "--url", url)
-    assert code == 0 and json.loads(out) == {"placeable": True}
+    assert code == 0 and out.splitlines()[0] == "would start now on 8 GPUs (2 nodes) in d00", out
+    assert "d00-n00[0-3] d00-n01[0-3]" in out and out.endswith("(a dry run: nothing was submitted)")
     assert handler.seen[-1][1] == "/v1/jobs?dry_run=true"
+    code, out, _ = run_cli("sbatch", "--test-only", "--json", str(script), "--url", url)
+    assert code == 0 and json.loads(out) == answer
+    job = tmp_path / "job.yaml"
+    job.write_text(YAML_JOB)
+    code, out, _ = run_cli("submit", "-f", str(job), "--test-only", "--url", url)
+    assert code == 0 and out.startswith("would start now") and handler.seen[-1][1] == "/v1/jobs?dry_run=true"
     handler.routes[("POST", "/v1/jobs")] = ACCEPTED
     code, out, _ = run_cli("sbatch", "--parsable", f"--url={url}", str(script), "--idempotency-key", "k1")
     assert (code, out) == (0, "j1") and handler.seen[-1][2]["Idempotency-Key"] == "k1"
