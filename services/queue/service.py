@@ -28,6 +28,7 @@ import msgspec
 import nats.js.errors
 
 from services.queue.rebuild import rebuild_view
+from services.queue.usage import UsageKeeper
 from shared import lifecycle
 from shared.bus import Outgoing, Retry
 from shared.core import Allocate, CycleConfig, JobSpec, Pending, Preempt, Reserve, Resize, Scheduler
@@ -64,6 +65,7 @@ from shared.schemas import (
 from shared.store import ViewMark, ViewNotReady
 from shared.tenants import tenants_from_settings
 from shared.topology_view import TopologyView
+from shared.usage_store import UsageStore
 
 log = logging.getLogger("rackscale.queue")
 
@@ -160,6 +162,8 @@ class QueueService(Service):
         self._view_ready = True  # False while another replica rebuilds the view: nothing is decided on it
         # since when placement's answers could be heard without a break: an order's silence counts from there
         self.hearing = Hearing(since=0.0)
+        # the usage view and the decayed usage the cycle orders tenants by, while this replica leads
+        self.usage = UsageKeeper(deps.bus, UsageStore(deps.store.r, deps.names), deps.settings.usage_half_life_s)
 
     async def start(self) -> None:
         n, stop = self.names, self.stop_event
@@ -182,6 +186,7 @@ class QueueService(Service):
             self.spawn(consumer, what)
         await self.bus.nc.subscribe(n.cycle_kick, cb=self._on_kick)
         self.spawn(self.cycle_loop(), "cycle")
+        self.spawn(self.usage.run(self._lead, stop, self.deps.settings.cycle_interval_s, self.now), "usage")
 
     async def _on_kick(self, _msg: Any) -> None:
         self._foreign = True
@@ -594,8 +599,9 @@ class QueueService(Service):
             return
         if not self._taken_over:
             await self._take_over(topo)
+        usage = self.usage.shares(now, {spec.tenant for spec in pending})  # fair share's memory (None: none yet)
         # a kicked cycle keeps last cycle's reservations while they hold; the timer's forecasts them anew
-        result = self.scheduler.cycle(state, pending, now, reuse_forecasts=not full)
+        result = self.scheduler.cycle(state, pending, now, usage, reuse_forecasts=not full)
         blocked: set[str] = set()  # jobs whose victims could not be moved out: their GPUs aren't free
         writes: list[Coroutine[Any, Any, None]] = []  # each of one job: sent together once the decisions are read
         for d in result.decisions:

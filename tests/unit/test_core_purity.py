@@ -1,6 +1,7 @@
 """The pure parts stay pure: no asyncio, NATS, Redis, clock or services inside shared/core (the placement core),
 shared/lifecycle.py (the job's state machine), shared/reconcile.py (agents against records), shared/liveness.py
-(silence judged only while we could hear), shared/launch.py (the launch contract) or shared/rank_log.py (log lines)."""
+(silence judged only while we could hear), shared/launch.py (the launch contract), shared/rank_log.py (log lines)
+or shared/usage_log.py (the usage view's fold of the job log)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CORE = SHARED / "core"
-PURE_MODULES = tuple(SHARED / f"{m}.py" for m in ("lifecycle", "reconcile", "liveness", "launch", "rank_log"))
+PURE_MODULES = tuple(
+    SHARED / f"{m}.py" for m in ("lifecycle", "reconcile", "liveness", "launch", "rank_log", "usage_log")
+)
 FORBIDDEN_MODULES = ("asyncio", "nats", "redis", "valkey", "aiohttp", "services", "time", "datetime", "socket")
 # what must not even be loaded transitively (yaml loads datetime for timestamps: harmless, not a clock read)
 IO_MODULES = ("asyncio", "nats", "redis", "valkey", "aiohttp", "services", "socket")
