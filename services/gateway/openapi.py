@@ -252,15 +252,15 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
                 "in": "query",
                 "required": False,
                 "schema": {"type": "string"},
-                "description": "an ISO date (2025-01-06) or time (UTC unless it says), or Unix seconds; default: 7 "
-                "days before `to`",
+                "description": "an ISO date (2025-01-06) or time (UTC unless it says), or Unix seconds; default "
+                "(or blank): 7 days before `to`",
             },
             {
                 "name": "to",
                 "in": "query",
                 "required": False,
                 "schema": {"type": "string"},
-                "description": "as `from`, exclusive; default: now. At most 731 days after `from`",
+                "description": "as `from`, exclusive; default (or blank): now. At most 731 days after `from`",
             },
             {"name": "by", "in": "query", "required": False, "schema": {"enum": ["day", "week"], "default": "day"}},
             {"name": "format", "in": "query", "required": False, "schema": {"enum": ["json", "csv"]}},

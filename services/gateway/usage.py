@@ -66,10 +66,11 @@ def usage_query(q: Mapping[str, str], accept: str, now: float) -> UsageQuery | A
     fmt = q.get("format")
     if fmt not in (None, "json", "csv"):
         return ApiError(422, f"format: must be json or csv, got {fmt!r}", "format")
-    to = _when(q["to"], "to") if "to" in q else now
+    # blank is unset, as for `tenant` (a form's empty field)
+    to = _when(q["to"], "to") if q.get("to") else now
     if isinstance(to, ApiError):
         return to
-    start = _when(q["from"], "from") if "from" in q else to - DEFAULT_SPAN_S
+    start = _when(q["from"], "from") if q.get("from") else to - DEFAULT_SPAN_S
     if isinstance(start, ApiError):
         return start
     if start >= to:

@@ -186,7 +186,7 @@ class QueueService(Service):
             self.spawn(consumer, what)
         await self.bus.nc.subscribe(n.cycle_kick, cb=self._on_kick)
         self.spawn(self.cycle_loop(), "cycle")
-        self.spawn(self.usage.run(self._lead, stop, self.deps.settings.cycle_interval_s, self.now), "usage")
+        self.spawn(self.usage.run(self._led_lately, stop, self.deps.settings.cycle_interval_s, self.now), "usage")
 
     async def _on_kick(self, _msg: Any) -> None:
         self._foreign = True
@@ -521,6 +521,11 @@ class QueueService(Service):
         if not held:
             self._taken_over = False
         return held
+
+    def _led_lately(self) -> bool:
+        """The lease was ours at its last renewal, less than a lease ago (no round trip): the usage view follows the
+        cycle's leader, and never takes the lease itself."""
+        return time.monotonic() < self._lease_trusted_until + LEASE_S * 2 / 3
 
     def _surely_leading(self) -> bool:
         """The lease was renewed recently enough to be ours without asking (see `_lead`)."""

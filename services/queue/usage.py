@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,13 +74,14 @@ class UsageKeeper:
         return self.ledger.shares(now, tenants) if self.ledger is not None else None
 
     async def run(
-        self, lead: Callable[[], Awaitable[bool]], stop: asyncio.Event, interval_s: float, clock: Callable[[], float]
+        self, leading: Callable[[], bool], stop: asyncio.Event, interval_s: float, clock: Callable[[], float]
     ) -> None:
-        """A pass every `interval_s` (sooner when a batch's worth came) while the service runs."""
+        """A pass every `interval_s` (sooner when a batch's worth came) while the service runs. `leading` says
+        whether this replica holds the leader lease; the keeper never takes the lease itself (the cycle does)."""
         try:
             while not stop.is_set():
                 try:
-                    await self.step(await lead(), clock())
+                    await self.step(leading(), clock())
                 except Exception:
                     log.exception("usage view: a pass failed; the next one takes it up again")
                     await self.let_go()

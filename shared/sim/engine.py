@@ -24,6 +24,10 @@ restore and restart at once); at most every `migration_interval_s`, before and a
 moves running jobs so a blocked one fits. A moved attempt ends as `moved` keeping all its work; the job
 restarts at the destination after checkpoint + restore time (GPU time without progress).
 
+With `usage_half_life_s` > 0, fair share has a memory as in the queue: every attempt's start and end moves
+the tenant's decayed usage (`shared.core.usage.UsageLedger.hold`, the function the queue's leader calls), and
+each cycle gets the waiting tenants' usage as its `usage`.
+
 Each attempt is recorded (start, end, GPUs, restore overhead, kept work, slowdown, locality) so the
 metrics can be recomputed exactly, and GPU-hours can be checked to add up.
 """

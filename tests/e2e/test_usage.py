@@ -12,6 +12,7 @@ import asyncio
 import csv
 import io
 import math
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from typing import Any
 import pytest
 
 from services.cli.main import main as cli
+from services.queue.service import QueueService
+from shared.core.usage import tau
 from shared.schemas import JobEvent, JobState
 from tests.e2e.conftest import E2E, StackFactory, wait_until
 from tests.servers import wipe
@@ -125,6 +128,15 @@ async def test_usage_matches_gpu_hours_from_the_log_and_survives_an_empty_redis(
 
     await wait_until(agrees, f"/v1/usage to match the log's GPU-hours {want}; last answer {last}")
     assert last["by"] == "day" and last["from"] == (math.floor(first / DAY) - 1) * DAY
+
+    # the queue's leader orders tenants by the same GPU-seconds, decayed (7 days: seconds ago is all of it), in GPUs
+    queue = e2e.stack.services["queue"]
+    assert isinstance(queue, QueueService)
+    shares = queue.usage.shares(time.time(), ["alice", "bob"])
+    assert shares is not None and set(shares) == {"alice", "bob"}
+    for tenant in ("alice", "bob"):
+        gpu_s = 3600.0 * sum(h for (t, _), (h, _) in want.items() if t == tenant)
+        assert math.isclose(shares[tenant] * tau(queue.usage.half_life_s), gpu_s, rel_tol=1e-3), (tenant, shares)
 
     # CSV, asked for either way
     status, text = await usage(e2e, {**span, "format": "csv"})

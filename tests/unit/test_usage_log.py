@@ -157,3 +157,7 @@ def test_the_view_and_its_csv() -> None:
     view = usage_view(q, snap, NOW)
     assert [(r.tenant, r.period, r.start, r.gpu_hours, r.jobs) for r in view.rows] == [("a", "2024-01-01", T0, 1.5, 1)]
     assert usage_csv(view) == f"tenant,period,start,gpu_hours,jobs\na,2024-01-01,{T0},1.500000,1\n"
+
+
+def test_blank_from_and_to_are_unset() -> None:
+    assert usage_query({"from": "", "to": ""}, "", NOW) == usage_query({}, "", NOW)
