@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from shared.bus import Bus
 from shared.core.usage import UsageLedger
+from shared.redis_client import UNAVAILABLE
 from shared.schemas import EVENTS, JobEvent, UsageRun
 from shared.usage_log import HOUR, UsageBatch, fold
 from shared.usage_store import READY, REBUILDING, UsageStore
@@ -82,6 +84,9 @@ class UsageKeeper:
             while not stop.is_set():
                 try:
                     await self.step(leading(), clock())
+                except (*UNAVAILABLE, nats.errors.Error, TimeoutError) as e:  # an outage: the next pass goes on
+                    log.warning("usage view: a pass cut short, a backend is unavailable: %r", e)
+                    await self.let_go()
                 except Exception:
                     log.exception("usage view: a pass failed; the next one takes it up again")
                     await self.let_go()
