@@ -162,6 +162,27 @@ class MigrationList(msgspec.Struct, kw_only=True):
     limit: int
 
 
+class UsageRow(msgspec.Struct, kw_only=True):
+    """One tenant's use of one period (a UTC day, or an ISO week from Monday)."""
+
+    tenant: str
+    period: str  # the period's first day, ISO (2025-01-06)
+    start: float  # the same, as Unix seconds (00:00 UTC)
+    gpu_hours: float  # GPUs held x hours, runs still holding counted up to `as_of`
+    jobs: int  # distinct jobs that held GPUs in the period
+
+
+class UsageView(msgspec.Struct, kw_only=True):
+    """GET /v1/usage: GPU-hours per tenant and period, from the job log (the usage view the queue keeps)."""
+
+    tenant: str | None  # the tenant asked for (null: every tenant the caller may see)
+    by: str  # day | week
+    start: float = msgspec.field(name="from")  # the first period's start (from, rounded down to one)
+    end: float = msgspec.field(name="to")  # the end of the last (to, rounded up): periods in [from, to)
+    as_of: float  # when this was read: open runs count up to it
+    rows: list[UsageRow]  # by period, then tenant; a tenant's periods without use are left out
+
+
 class GpuView(msgspec.Struct, kw_only=True):
     index: int
     health: str  # ok | degraded | down

@@ -8,7 +8,7 @@ NATS and one Redis.
 
 Who writes what (one writer per Redis key family):
   inventory  node:*, nodestate:*, healthstate:*, nodes, heartbeats, topo:gen      placement  gpus:*, alloc:*, allocs
-  queue      job:*, jobs, jobs:active, jobs:undecided, queue:leader, view, view:lock
+  queue      job:*, jobs, jobs:active, jobs:undecided, queue:leader, view, view:lock, usage* (its leader)
   migration  migration:*, migrations
 (A rebuild of the view from the log — services/queue/rebuild.py — writes allocations too, while the view is
 closed and the commit script refuses; every commit and job write counts the view's clock up.)
@@ -317,6 +317,30 @@ class Names:
     @property
     def view_lock_key(self) -> str:
         return self._key("view:lock")  # string: the queue replica rebuilding the view (SET NX PX)
+
+    # The usage view (services/queue/usage.py, shared/usage_log.py): the queue leader's fold of the job log into
+    # GPU-seconds per tenant and hour, complete up to the EVENTS sequence `usage_key` records.
+    @property
+    def usage_key(self) -> str:
+        return self._key("usage")  # hash: events_seq (the log position folded), state (ready | rebuilding), at
+
+    @property
+    def usage_open_key(self) -> str:
+        return self._key("usage:open")  # hash: job id → UsageRun (msgpack), the run its attempt holds GPUs in
+
+    @property
+    def usage_floors_key(self) -> str:
+        return self._key("usage:floors")  # hash: job id → the last attempt whose run was closed
+
+    @property
+    def usage_days_key(self) -> str:
+        return self._key("usage:days")  # zset: UTC day start (Unix seconds) of every day with usage, by itself
+
+    def usage_day_key(self, day: int) -> str:
+        return self._key(f"usage:day:{day}")  # hash: "<tenant>/<hour 00-23>" → GPU-seconds used that hour
+
+    def usage_jobs_key(self, day: int) -> str:
+        return self._key(f"usage:jobs:{day}")  # set: "<tenant>/<job id>" of every job that held GPUs that day
 
     @property
     def key_pattern(self) -> str:

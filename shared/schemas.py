@@ -560,6 +560,16 @@ class Reservations(msgspec.Struct, kw_only=True):
     lent: dict[str, list[str]] = {}  # borrower job id -> the reserved jobs it borrowed from (`Scheduler.lent`)
 
 
+class UsageRun(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """A job attempt holding GPUs, as the usage view's fold of the log keeps it until the attempt ends (key
+    `usage:open`, field the job id; shared/usage_log.py)."""
+
+    attempt: int
+    tenant: str
+    gpus: int
+    since: float  # its first event holding GPUs
+
+
 class MigrationRecord(msgspec.Struct, kw_only=True):
     """One move (or requeue) the migration service decided: its record in JetStream and Redis, the API's view."""
 
@@ -665,6 +675,7 @@ ALLOCATION_RECORD = msgspec.msgpack.Decoder(AllocationRecord)
 NODE_RECORD = msgspec.msgpack.Decoder(NodeRecord)
 MIGRATION_RECORD = msgspec.msgpack.Decoder(MigrationRecord)
 RESERVATIONS = msgspec.msgpack.Decoder(Reservations)
+USAGE_RUN = msgspec.msgpack.Decoder(UsageRun)
 NODE_HEALTH_STATE = msgspec.msgpack.Decoder(NodeHealthState)
 JOB_BODY_JSON = msgspec.json.Decoder(JobBody)
 

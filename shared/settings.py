@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from shared.core.cycle import LEND_MIN_NODES
 from shared.core.policies import RUNNABLE
+from shared.core.usage import DEFAULT_HALF_LIFE_S
 from shared.names import CELL_NAME, DEFAULT_CELL, Names
 from shared.redis_client import parse_redis_url
 
@@ -51,6 +52,16 @@ def _number(raw: str) -> float:
         raise ValueError("is not a number") from None
     if not math.isfinite(value) or value <= 0:
         raise ValueError("must be a number > 0")
+    return value
+
+
+def _non_negative(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError("must be a number >= 0")
     return value
 
 
@@ -193,6 +204,14 @@ class Settings:
         LEND_MIN_NODES,
         "queue: jobs of fewer nodes never borrow reserved nodes",
         kind="integer >= 1",
+    )
+    usage_half_life_s: float = _env(
+        "RACKSCALE_USAGE_HALF_LIFE_S",
+        _non_negative,
+        DEFAULT_HALF_LIFE_S,
+        "queue: fair share with memory: tenants' GPU-seconds decay with this half-life (s; Slurm's "
+        "PriorityDecayHalfLife; 0: off, only the GPUs held now count)",
+        kind="number >= 0",
     )
     heartbeat_s: float = _env("RACKSCALE_HEARTBEAT_S", _number, 1.0, "agent heartbeat period (s)", kind="number > 0")
     missed_heartbeats: int = _env(

@@ -1,4 +1,4 @@
-"""The CLI commands that talk to a running Rackscale over HTTP (submit, jobs, job, cancel, cluster, drain).
+"""The CLI commands that talk to a running Rackscale over HTTP (submit, jobs, job, cancel, cluster, drain, usage).
 
 Each takes the parsed arguments, a `Client` and an `out` callable, prints its answer and returns the exit
 code; failures are raised as `CliError` (printed by `main`, exit 1). `--json` prints the API's answer as is.
@@ -412,6 +412,25 @@ def sbatch(args: argparse.Namespace, client: Client, out: Out) -> int:
     )
 
 
+def usage(args: argparse.Namespace, client: Client, out: Out) -> int:
+    """GPU-hours per tenant and day or week (GET /v1/usage); --csv prints the gateway's CSV as it is."""
+    query = {"tenant": args.tenant, "from": args.start, "to": args.end, "by": args.by}
+    if args.csv:
+        for line in client.lines("/v1/usage", {**query, "format": "csv"}):
+            out(line.rstrip("\n"))
+        return 0
+    doc = client.get("/v1/usage", query)
+    if args.json:
+        _print_json(out, doc)
+        return 0
+    rows = [[r["period"], r["tenant"], f"{r['gpu_hours']:,.2f}", str(r["jobs"])] for r in doc["rows"]]
+    if not rows:
+        out("no usage in that range")
+        return 0
+    out(table(["PERIOD", "TENANT", "GPU-HOURS", "JOBS"], rows))
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace, Client, Out], int]] = {
     "submit": submit,
     "sbatch": sbatch,
@@ -424,4 +443,5 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client, Out], int]] = {
     "undrain": undrain,
     "clear-health": clear_health,
     "migrations": migrations,
+    "usage": usage,
 }

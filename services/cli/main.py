@@ -5,6 +5,7 @@
     rackscale submit -f job.yaml [flags over the file's fields]   a job body in YAML (docs/jobs.md)
     rackscale sbatch [OPTIONS] script.sh [-- ARGS]                  an sbatch script (#SBATCH, #RACKSCALE lines)
     rackscale jobs | job ID | cancel ID | cluster | drain NODE | undrain NODE | clear-health NODE
+    rackscale usage [--tenant T] [--from D] [--to D] [--by day|week] [--csv]   GPU-hours per tenant
     rackscale demo                                                   the scheduling core alone, in the terminal
     rackscale sim --trace FILE ...                                   replay a trace, compare policies
 
@@ -154,6 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     ms.add_argument("--job", default=None, help="only this job's moves")
     ms.add_argument("--limit", type=positive_int, default=50, help="at most this many (max 500, default 50)")
     ms.add_argument("--offset", type=int, default=0)
+    us = sub.add_parser("usage", parents=[api], help="GPU-hours per tenant and day or week, from the job log")
+    us.add_argument("--tenant", default=None, help="one tenant's (a user token: always its own)")
+    us.add_argument(
+        "--from", dest="start", default=None, metavar="D", help="ISO date or Unix seconds (default: 7 days ago)"
+    )
+    us.add_argument(
+        "--to", dest="end", default=None, metavar="D", help="ISO date or Unix seconds, exclusive (default: now)"
+    )
+    us.add_argument("--by", choices=("day", "week"), default="day", help="period (default day; weeks from Monday)")
+    us.add_argument("--csv", action="store_true", help="CSV: tenant,period,start,gpu_hours,jobs")
     return parser
 
 

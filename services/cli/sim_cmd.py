@@ -76,6 +76,21 @@ def _share(text: str) -> float:
     return value
 
 
+def _half_lives(text: str) -> tuple[float, ...]:
+    """`7d` or `0,7d,6h`: fair share's half-lives (each a duration: 7d, 6h, 90m, 3600; 0 or off: no usage)."""
+    from shared.sim.experiment import duration
+
+    try:
+        vals = tuple(duration(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not vals:
+        raise argparse.ArgumentTypeError("expected at least one half-life")
+    if len(set(vals)) < len(vals):
+        raise argparse.ArgumentTypeError(f"half-lives repeat in {text!r}")
+    return vals
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from shared.sim.experiment import WORKLOADS
     from shared.sim.traces import FORMATS
@@ -227,6 +242,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--queue-depth", type=int, default=100, help="oldest pending jobs per tenant each cycle tests (0: all)"
     )
+    p.add_argument(
+        "--half-life",
+        type=_half_lives,
+        default=(0.0,),
+        metavar="H[,H...]",
+        help="fair share with memory: tenants' GPU-seconds decayed with this half-life weigh in the order (7d, 6h, "
+        "90m, seconds; default 0: off, the GPUs held now only; the queue's default is 7d). Several: each policy "
+        "runs under each, side by side (labels `POLICY hl=H`), with a per-tenant wait table",
+    )
     p.add_argument("--workers", type=int, default=1, help="runs in parallel processes")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -270,7 +294,7 @@ def build_experiment(args: argparse.Namespace) -> Any:
 
     from shared.core import MigrationBudget
     from shared.sim.engine import SimConfig
-    from shared.sim.experiment import MIGRATION, WORKLOADS, Experiment, TraceSpec, split_policy
+    from shared.sim.experiment import MIGRATION, WORKLOADS, Experiment, TraceSpec, split_policy, with_half_life
     from shared.sim.fleet import FailureModel, FleetConfig
     from shared.sim.mapping import MappingConfig
 
@@ -341,6 +365,11 @@ def build_experiment(args: argparse.Namespace) -> Any:
             max_moves=args.max_moves, early=args.consolidate_early == "on", segments=args.move_segments == "on"
         ),
     )
+    half_lives = args.half_life
+    if len(half_lives) > 1:  # each policy under each half-life, side by side
+        policies = tuple(with_half_life(p, h) for p in policies for h in half_lives)
+    else:
+        sim = replace(sim, usage_half_life_s=half_lives[0])
     seeds = args.seeds or (args.seed,)
     return Experiment(traces, policies, seeds, args.load, sim, mapping, max(1, args.workers))
 

@@ -30,6 +30,7 @@ _SCHEMA_TYPES: tuple[Any, ...] = (
     api.DryRunView,
     api.JobList,
     api.MigrationList,
+    api.UsageView,
     api.ClusterView,
     api.CellSummary,
     api.DrainBody,
@@ -286,6 +287,47 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             *_LIST_PARAMS[-2:],
         ],
         "responses": {"200": _json("MigrationList", "one page of moves"), "422": _error("bad page")},
+    },
+    ("get", "/v1/usage"): {
+        "operationId": "getUsage",
+        "summary": "GPU-hours per tenant and day or week, from the job log; CSV on request",
+        "description": "Runs of GPUs held (a job attempt from its first event holding GPUs to the event that shows "
+        "it past them), per tenant and UTC day or ISO week (from Monday); runs still holding count up to now. "
+        "`from` is rounded down and `to` up to a period's start: the answer covers whole periods [from, to). A user "
+        "token's answer is of its own tenant (another tenant's: no rows). CSV (`format=csv`, or `Accept: "
+        "text/csv`): `tenant,period,start,gpu_hours,jobs`.",
+        "tags": ["usage"],
+        "parameters": [
+            {"name": "tenant", "in": "query", "required": False, "schema": {"type": "string"}},
+            {
+                "name": "from",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "an ISO date (2025-01-06) or time (UTC unless it says), or Unix seconds; default "
+                "(or blank): 7 days before `to`",
+            },
+            {
+                "name": "to",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "as `from`, exclusive; default (or blank): now. At most 731 days after `from`",
+            },
+            {"name": "by", "in": "query", "required": False, "schema": {"enum": ["day", "week"], "default": "day"}},
+            {"name": "format", "in": "query", "required": False, "schema": {"enum": ["json", "csv"]}},
+        ],
+        "responses": {
+            "200": {
+                "description": "the figures",
+                "content": {
+                    "application/json": {"schema": _ref("UsageView")},
+                    "text/csv": {"schema": {"type": "string"}},
+                },
+            },
+            "422": _error("a bad parameter; `field` names it"),
+            "503": _error("the usage view is being built from the job log, or Redis is unavailable"),
+        },
     },
     ("post", "/v1/nodes/{id}/drain"): _admin("drain"),
     ("post", "/v1/nodes/{id}/undrain"): _admin("undrain"),

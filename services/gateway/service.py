@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -23,7 +24,7 @@ from aiohttp import web
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from services.gateway import auth, dashboard, dry_run, jobfiles, openapi, summary, views
+from services.gateway import auth, dashboard, dry_run, jobfiles, openapi, summary, usage, views
 from services.gateway.auth import Principal, Tokens
 from services.gateway.metrics import cluster_metrics
 from services.gateway.validation import MAX_SEQ, ApiError, check_idempotency_key, check_job, decode_json
@@ -59,6 +60,8 @@ from shared.schemas import (
 )
 from shared.store import ViewNotReady
 from shared.topology_view import TopologyView
+from shared.usage_report import CSV_TYPE, usage_csv
+from shared.usage_store import READY, UsageStore
 
 log = logging.getLogger("rackscale.gateway")
 
@@ -411,6 +414,29 @@ class Gateway:
             await self.deps.bus.publish(self.deps.names.job_cancel, msg, msg_id=f"{job_id}:cancel", headers=hdrs)
         return json_response(api.Accepted(id=job_id, state="cancelling"), 202)
 
+    async def usage(self, request: web.Request) -> web.Response:
+        """GET /v1/usage: GPU-hours per tenant and period (services/gateway/usage.py). A user's answer is of its own
+        tenant; asking for another's gives no rows (an empty listing, not a 403 that would confirm it exists)."""
+        now = self.now()
+        query = usage.usage_query(request.query, request.headers.get("Accept", ""), now)
+        if isinstance(query, ApiError):
+            return api_error(query)
+        who = auth.principal(request)
+        if not who.admin and query.tenant is None:
+            query = dataclasses.replace(query, tenant=who.tenant)
+        if who.may_see(query.tenant or ""):
+            snap = await UsageStore(self.deps.store.r, self.deps.names).snapshot(query.start, query.end)
+            if snap.status is None or snap.status.state != READY:
+                resp = error_response(503, "the usage view is being built from the job log; try again shortly")
+                resp.headers["Retry-After"] = str(VIEW_RETRY_AFTER_S)
+                return resp
+            view = usage.usage_view(query, snap, now)
+        else:
+            view = usage.usage_view(query, usage.NOTHING, now)
+        if query.csv:
+            return web.Response(text=usage_csv(view), content_type=CSV_TYPE)
+        return json_response(view)
+
     # -- cluster and nodes -----------------------------------------------------------------------------
     async def cluster(self, request: web.Request) -> web.Response:
         store = self.deps.store
@@ -610,6 +636,7 @@ def routes(gw: Gateway, spec: bytes) -> list[tuple[str, str, Handler]]:
         ("GET", "/v1/cluster", gw.cluster),
         ("GET", "/v1/cluster/summary", gw.cluster_summary),
         ("GET", "/v1/migrations", gw.list_migrations),
+        ("GET", "/v1/usage", gw.usage),
         ("POST", "/v1/nodes/{id}/drain", gw.drain),
         ("POST", "/v1/nodes/{id}/undrain", gw.undrain),
         ("POST", "/v1/nodes/{id}/clear-health", gw.clear_health),

@@ -29,6 +29,7 @@ import nats.js.errors
 
 from services.queue.dry_run import reply_of
 from services.queue.rebuild import rebuild_view
+from services.queue.usage import UsageKeeper
 from shared import lifecycle
 from shared.bus import Outgoing, Retry
 from shared.core import Allocate, ClusterState, CycleConfig, JobSpec, Pending, Preempt, Reserve, Resize, Scheduler
@@ -70,6 +71,7 @@ from shared.schemas import (
 from shared.store import ViewMark, ViewNotReady
 from shared.tenants import tenants_from_settings
 from shared.topology_view import TopologyView
+from shared.usage_store import UsageStore
 
 log = logging.getLogger("rackscale.queue")
 
@@ -167,6 +169,8 @@ class QueueService(Service):
         # since when placement's answers could be heard without a break: an order's silence counts from there
         self.hearing = Hearing(since=0.0)
         self._deciding = asyncio.Lock()  # a dry run decides on a cycle's inputs between cycles, never amid one
+        # the usage view and the decayed usage the cycle orders tenants by, while this replica leads
+        self.usage = UsageKeeper(deps.bus, UsageStore(deps.store.r, deps.names), deps.settings.usage_half_life_s)
 
     async def start(self) -> None:
         n, stop = self.names, self.stop_event
@@ -190,6 +194,7 @@ class QueueService(Service):
         await self.bus.nc.subscribe(n.cycle_kick, cb=self._on_kick)
         await self.bus.subscribe(n.dry_run, DRY_RUN_REQUEST, self._on_dry_run)  # every replica: the leader answers
         self.spawn(self.cycle_loop(), "cycle")
+        self.spawn(self.usage.run(self._led_lately, stop, self.deps.settings.cycle_interval_s, self.now), "usage")
 
     async def _on_kick(self, _msg: Any) -> None:
         self._foreign = True
@@ -526,6 +531,11 @@ class QueueService(Service):
             self._taken_over = False
         return held
 
+    def _led_lately(self) -> bool:
+        """The lease was ours at its last renewal, less than a lease ago (no round trip): the usage view follows the
+        cycle's leader, and never takes the lease itself."""
+        return time.monotonic() < self._lease_trusted_until + LEASE_S * 2 / 3
+
     def _surely_leading(self) -> bool:
         """The lease was renewed recently enough to be ours without asking (see `_lead`)."""
         return time.monotonic() < self._lease_trusted_until
@@ -583,8 +593,9 @@ class QueueService(Service):
             return
         if not self._taken_over:
             await self._take_over(topo)
+        usage = self.usage.shares(now, {spec.tenant for spec in pending})  # fair share's memory (None: none yet)
         # a kicked cycle keeps last cycle's reservations while they hold; the timer's forecasts them anew
-        result = self.scheduler.cycle(state, pending, now, reuse_forecasts=not full)
+        result = self.scheduler.cycle(state, pending, now, usage, reuse_forecasts=not full)
         blocked: set[str] = set()  # jobs whose victims could not be moved out: their GPUs aren't free
         writes: list[Coroutine[Any, Any, None]] = []  # each of one job: sent together once the decisions are read
         for d in result.decisions:

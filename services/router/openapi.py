@@ -21,6 +21,7 @@ CELL_PARAMS: dict[tuple[str, str], str] = {
     ("get", "/v1/jobs"): "one cell's jobs only (default: every cell's, merged in submit order)",
     ("get", "/v1/migrations"): "one cell's moves only (default: every cell's, merged newest first)",
     ("get", "/v1/events"): "one cell's events only (default: every cell's)",
+    ("get", "/v1/usage"): "one cell's usage only (default: every cell's, summed by tenant and period)",
     ("get", "/v1/cluster"): "the cell shown (default: the router's first cell)",
     ("get", "/v1/cluster/summary"): "the cell summed up (default: the router's first cell)",
     ("get", "/metrics"): "the cell whose figures (default: the router's first cell)",
@@ -28,7 +29,7 @@ CELL_PARAMS: dict[tuple[str, str], str] = {
     ("post", "/v1/nodes/{id}/undrain"): "the node's cell (required when the router has several)",
     ("post", "/v1/nodes/{id}/clear-health"): "the node's cell (required when the router has several)",
 }
-MERGED = (("get", "/v1/jobs"), ("get", "/v1/migrations"), ("get", "/v1/events"))
+MERGED = (("get", "/v1/jobs"), ("get", "/v1/migrations"), ("get", "/v1/events"), ("get", "/v1/usage"))
 
 
 def _ref(name: str) -> dict[str, str]:

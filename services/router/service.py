@@ -65,6 +65,7 @@ from shared.api import (
     CellSummary,
     ErrorBody,
     RouterHealth,
+    UsageView,
 )
 from shared.jobfile import (
     SCRIPT_TYPES,
@@ -80,6 +81,7 @@ from shared.runtime import setup_logging
 from shared.schemas import JOB_BODY_JSON, JobBody
 from shared.settings import Settings, SettingsError
 from shared.tenants import TenantsError, load_home_cells
+from shared.usage_report import CSV_TYPE, merge_usage, usage_csv, wants_csv
 
 log = logging.getLogger("rackscale.router")
 
@@ -463,6 +465,37 @@ class Router:
         body = {key: merge_page(lists, order, offset, limit), "total": total, "offset": offset, "limit": limit}
         return json_response(body, headers={MISSING_HEADER: ",".join(missing)} if missing else None)
 
+    async def usage(self, request: web.Request) -> web.StreamResponse:
+        """GET /v1/usage: every cell's answer to the query, summed by tenant and period (`?cell=`: one cell's). A
+        cell that can't answer is left out and named in MISSING_HEADER; any other answer than a report (a 401, a
+        bad parameter's 422) is the answer."""
+        if "cell" in request.query:
+            return await self.forward(request, named_cell(self.cells, request.query["cell"]))
+        query = [*_without(request.query.items(), "format"), ("format", "json")]
+        headers = passed_on(request.headers)
+        asks = (self.upstream.call(c, "GET", "/v1/usage", query=query, headers=headers) for c in self.cells.names)
+        results = await asyncio.gather(*asks, return_exceptions=True)
+        views: list[UsageView] = []
+        missing: dict[str, str] = {}
+        for cell, r in zip(self.cells.names, results, strict=True):
+            if isinstance(r, CellUnavailable):
+                missing[cell] = r.reason
+            elif isinstance(r, BaseException):
+                raise r
+            elif r.status == 503:
+                missing[cell] = error_of(r).error
+            elif r.status != 200:
+                return answered(r)
+            else:
+                views.append(msgspec.json.decode(r.body, type=UsageView))
+        if not views:
+            raise NoCell(missing)
+        merged = merge_usage(views)
+        extra = {MISSING_HEADER: ",".join(missing)} if missing else None
+        if wants_csv(request.query.get("format"), request.headers.get("Accept", "")):
+            return web.Response(text=usage_csv(merged), content_type=CSV_TYPE, headers=extra)
+        return json_response(merged, headers=extra)
+
     async def _head(
         self,
         cell: str,
@@ -633,6 +666,7 @@ def routes(router: Router) -> list[tuple[str, str, Handler]]:
         ("GET", "/v1/cluster/summary", router.in_cell),
         ("GET", "/v1/cells", router.list_cells),
         ("GET", "/v1/migrations", router.list_migrations),
+        ("GET", "/v1/usage", router.usage),
         ("POST", "/v1/nodes/{id}/drain", router.node_admin),
         ("POST", "/v1/nodes/{id}/undrain", router.node_admin),
         ("POST", "/v1/nodes/{id}/clear-health", router.node_admin),

@@ -24,6 +24,10 @@ restore and restart at once); at most every `migration_interval_s`, before and a
 moves running jobs so a blocked one fits. A moved attempt ends as `moved` keeping all its work; the job
 restarts at the destination after checkpoint + restore time (GPU time without progress).
 
+With `usage_half_life_s` > 0, fair share has a memory as in the queue: every attempt's start and end moves
+the tenant's decayed usage (`shared.core.usage.UsageLedger.hold`, the function the queue's leader calls), and
+each cycle gets the waiting tenants' usage as its `usage`.
+
 Each attempt is recorded (start, end, GPUs, restore overhead, kept work, slowdown, locality) so the
 metrics can be recomputed exactly, and GPU-hours can be checked to add up.
 """
@@ -59,6 +63,7 @@ from shared.core import (
 )
 from shared.core.comm import SlowdownModel
 from shared.core.shape import with_segment, with_size
+from shared.core.usage import UsageLedger
 from shared.sim.fleet import FailureModel, FleetConfig, NodeFailures
 from shared.sim.mapping import SimJob
 
@@ -100,6 +105,9 @@ class SimConfig:
     # default (rackscale lends, the baselines don't)
     lend_reserved: bool | None = None
     lend_min_nodes: int = LEND_MIN_NODES  # jobs of fewer nodes never borrow
+    # fair share with memory: the tenants' GPU-seconds decayed with this half-life go to every cycle as its `usage`
+    # (shared/core/usage.py, as the queue's leader does); 0: off, the order sees only the GPUs held now
+    usage_half_life_s: float = 0.0
 
     def cycle_config(self) -> CycleConfig:
         return CycleConfig(
@@ -304,6 +312,8 @@ class Simulator:
         self.growable: set[str] = set()  # elastic jobs below their most, that the planner may grow
         self.blocked: list[str] = []  # jobs the last cycle left waiting, in its order
         self.waiting_for: dict[str, float] = {}  # beneficiary -> plan time
+        # decayed usage per tenant, moved as attempts start and end (None: off)
+        self.usage = UsageLedger(config.usage_half_life_s) if config.usage_half_life_s > 0 else None
 
     # -- event plumbing -----------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
@@ -449,7 +459,8 @@ class Simulator:
                     # before the cycle, so nodes that just came free are consolidated before backfill takes them
                     self._defrag(self.blocked, t)
                 t0 = timer() if timer else 0.0
-                result = self.sched.cycle(state, self.pending.heads(cfg.queue_depth), t)
+                usage = self.usage.shares(t, self.pending.by_tenant) if self.usage is not None else None
+                result = self.sched.cycle(state, self.pending.heads(cfg.queue_depth), t, usage)
                 if timer:
                     cycle_time += timer() - t0
                 cycles += 1
@@ -596,6 +607,8 @@ class Simulator:
         if r.first_start is None:
             r.first_start = t
         self.allocated += r.gpus
+        if self.usage is not None:
+            self.usage.hold(job.spec.tenant, r.gpus, t)
         self._push(t + overhead + r.remaining * slow / r.rate, END, i, r.attempt_no)
 
     def _close(self, i: int, t: float, outcome: str, kept: float | None = None) -> float:
@@ -625,6 +638,8 @@ class Simulator:
         )
         r.running = False
         self.allocated -= r.gpus
+        if self.usage is not None:
+            self.usage.hold(r.job.spec.tenant, -r.gpus, t)
         if self.mig is not None:
             self.movable.pop(r.job.id, None)
             self.smaller.discard(r.job.id)

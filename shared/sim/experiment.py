@@ -4,6 +4,10 @@ The workload is prepared once (load, window, mix, scale to the load); each (poli
 with the seed (estimates, checkpointable draws), simulates it with that seed's failures and computes the
 metrics. Runs are independent, so they go to a process pool; a seed gives identical numbers whatever
 the pool size. Progress is reported through a callback with the overall fraction done.
+
+A policy's label may carry a half-life for fair share with memory (`rackscale hl=7d`: `with_half_life`), so
+one report sets the same policy side by side under several half-lives (`rackscale sim --half-life 0,7d,6h`);
+every run also reports each tenant's waits (`summarise`: `tenants`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 from shared.sim.engine import SimConfig, SimResult, simulate
 from shared.sim.fleet import DAY
 from shared.sim.mapping import MappingConfig, map_jobs, mix, offered_load, scale_to_load, span, window
-from shared.sim.metrics import aggregate, compute, headroom, unfinished_reasons
+from shared.sim.metrics import aggregate, compute, headroom, percentile, tenant_figures, unfinished_reasons
 from shared.sim.traces import LoadedTrace, TraceJob, load_trace
 
 
@@ -81,6 +85,8 @@ class RunOut:
     samples: list[tuple[float, int, int]]
     free_runs: list[int]
     waits: list[float]
+    tenant_waits: dict[str, list[float]] = field(default_factory=dict)  # tenant -> its jobs' waits
+    tenant_gpu_h: dict[str, float] = field(default_factory=dict)  # tenant -> GPU-hours its attempts held
 
 
 def prepare(exp: Experiment) -> Workload:
@@ -119,11 +125,57 @@ def split_policy(label: str) -> tuple[str, str]:
     return name, variant
 
 
+HALF_LIFE = " hl="  # `rackscale hl=7d`: that policy with fair share's usage decayed with a 7-day half-life
+_UNITS = (("w", 7 * DAY), ("d", DAY), ("h", 3600.0), ("m", 60.0), ("s", 1.0))
+
+
+def duration(text: str) -> float:
+    """`7d`, `6h`, `90m`, `3600` or `3600s` -> seconds; `0` or `off` -> 0. ValueError naming what is wrong."""
+    raw = text.strip().lower()
+    if raw == "off":
+        return 0.0
+    scale = 1.0
+    for suffix, unit in _UNITS:
+        if raw.endswith(suffix):
+            raw, scale = raw[: -len(suffix)], unit
+            break
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise ValueError(f"{text!r} is not a duration (e.g. 7d, 6h, 90m, 3600 seconds; 0 or off)") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{text!r}: a duration is 0 or more, and finite")
+    return value
+
+
+def fmt_duration(seconds: float) -> str:
+    """The shortest of `duration`'s forms that reads back the same (0: `off`)."""
+    if seconds <= 0:
+        return "off"
+    for suffix, unit in _UNITS[1:]:  # days, not weeks: half-lives read as Slurm's (7-0, 7 days)
+        if seconds >= unit and seconds % unit == 0:
+            return f"{seconds / unit:g}{suffix}"
+    return f"{seconds:g}s"
+
+
+def with_half_life(label: str, half_life_s: float) -> str:
+    return f"{label}{HALF_LIFE}{fmt_duration(half_life_s)}"
+
+
+def split_half_life(label: str) -> tuple[str, float | None]:
+    """`rackscale hl=7d` -> ("rackscale", 604800.0); a label without one -> (label, None)."""
+    base, sep, value = label.partition(HALF_LIFE)
+    return (base, duration(value)) if sep else (label, None)
+
+
 def run_one(
     exp: Experiment, work: Workload, policy: str, seed: int, progress: Callable[[float], None] | None = None
 ) -> RunOut:
-    name, variant = split_policy(policy)
+    base, half_life = split_half_life(policy)
+    name, variant = split_policy(base)
     cfg = replace(exp.sim, policy=name, seed=seed, migration=exp.sim.migration or variant == MIGRATION)
+    if half_life is not None:
+        cfg = replace(cfg, usage_half_life_s=half_life)
     topo = cfg.fleet.topology()
     mapped = map_jobs(work.jobs, replace(exp.mapping, gpus_per_node=cfg.fleet.gpus_per_node), topo, seed)
     t0 = time.perf_counter()
@@ -131,6 +183,7 @@ def run_one(
     wall = time.perf_counter() - t0
     metrics = compute(res)
     waits = [r.first_start - r.job.submit_s for r in res.jobs if r.first_start is not None]
+    tenant_waits, tenant_gpu_h = tenant_figures(res)
     return RunOut(
         policy,
         seed,
@@ -142,6 +195,8 @@ def run_one(
         res.samples,
         res.free_runs,
         waits,
+        tenant_waits,
+        tenant_gpu_h,
     )
 
 
@@ -217,6 +272,7 @@ def summarise(exp: Experiment, work: Workload, outs: Sequence[RunOut]) -> dict[s
     sim = exp.sim
     return {
         "policies": policies,
+        "tenants": tenants_summary(exp.policies, outs),
         "spread": spread,
         "per_seed": per_seed,
         "headroom": headroom(per_seed),
@@ -244,6 +300,7 @@ def summarise(exp: Experiment, work: Workload, outs: Sequence[RunOut]) -> dict[s
             "cycle_interval_s": sim.cycle_interval_s,
             "queue_depth": sim.queue_depth,
             "ckpt_interval_s": sim.ckpt_interval_s,
+            "usage_half_life_s": sim.usage_half_life_s,
             "large_nodes": sim.large_nodes,
             **(
                 {
@@ -263,3 +320,24 @@ def summarise(exp: Experiment, work: Workload, outs: Sequence[RunOut]) -> dict[s
         "timing": timing,
         "os_cpus": os.cpu_count(),
     }
+
+
+def tenants_summary(labels: Sequence[str], outs: Sequence[RunOut]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Per policy label and tenant, over every seed's run: jobs started, GPU-hours held (mean per run), and the
+    waits' mean, p50 and p95 (all seeds' jobs pooled)."""
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for label in labels:
+        runs = [o for o in outs if o.policy == label]
+        tenants = sorted({t for o in runs for t in (*o.tenant_waits, *o.tenant_gpu_h)})
+        rows: dict[str, dict[str, float | None]] = {}
+        for t in tenants:
+            ws = [w for o in runs for w in o.tenant_waits.get(t, ())]
+            rows[t] = {
+                "jobs": len(ws) / max(len(runs), 1),
+                "gpu_h": sum(o.tenant_gpu_h.get(t, 0.0) for o in runs) / max(len(runs), 1),
+                "wait_mean": sum(ws) / len(ws) if ws else None,
+                "wait_p50": percentile(ws, 50),
+                "wait_p95": percentile(ws, 95),
+            }
+        out[label] = rows
+    return out

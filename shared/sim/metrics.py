@@ -246,6 +246,20 @@ def _migration(res: SimResult) -> dict[str, float | int]:
     }
 
 
+def tenant_figures(res: SimResult) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Per tenant: its started jobs' waits (first start - submit) and the GPU-hours its attempts held (whole run):
+    what `rackscale sim` reports to show fair share's effect (docs/evaluation.md, fair share with memory)."""
+    waits_by: dict[str, list[float]] = {}
+    for r in res.jobs:
+        if r.first_start is not None:
+            waits_by.setdefault(r.job.spec.tenant, []).append(r.first_start - r.job.submit_s)
+    gpu_h: dict[str, float] = {}
+    for a in res.attempts:
+        tenant = res.jobs[a.job].job.spec.tenant
+        gpu_h[tenant] = gpu_h.get(tenant, 0.0) + a.gpus * (a.end - a.start) / 3600.0
+    return waits_by, gpu_h
+
+
 def unfinished_reasons(res: SimResult) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in res.jobs:

@@ -162,6 +162,9 @@ def markdown(summary: dict[str, Any], title: str = "Simulation report") -> str:
     lines += ["", "Bold: best of the row. Definitions: docs/evaluation.md and shared/sim/metrics.py."]
     if head:
         lines.append("Headroom and ratio: mean over seeds, paired, ± the half-width of a 95% confidence interval.")
+    tenants = tenant_table(summary)
+    if tenants:
+        lines += ["", tenants.rstrip("\n")]
     skipped = {k: v for lt in summary.get("loaded", []) for k, v in lt["skipped"].items()}
     if skipped or summary.get("mapping_skipped"):
         lines += [
@@ -175,6 +178,39 @@ def markdown(summary: dict[str, Any], title: str = "Simulation report") -> str:
             "Unfinished jobs (all seeds): "
             + "; ".join(f"{p}: " + ", ".join(f"{n} {why}" for why, n in u.items()) for p, u in unfinished.items()),
         ]
+    return "\n".join(lines) + "\n"
+
+
+TENANT_ROWS = 12  # tenants shown in the report's per-tenant table (most GPU-hours first)
+
+
+def tenant_table(summary: dict[str, Any], top: int = TENANT_ROWS) -> str:
+    """Per-tenant wait, mean / p95, a column per policy label (the half-life's effect: `--half-life 0,7d,6h`);
+    tenants with the most GPU-hours first. Empty for a single tenant."""
+    per = summary.get("tenants") or {}
+    pols = [p for p in summary["policies"] if p in per]
+    if not pols:
+        return ""
+    first = per[pols[0]]
+    if len(first) < 2:
+        return ""
+    ranked = sorted(first, key=lambda t: (-(first[t].get("gpu_h") or 0.0), t))
+    total = sum(v.get("gpu_h") or 0.0 for v in first.values()) or 1.0
+    lines = [
+        f"Per-tenant wait, mean / p95 ({min(top, len(ranked))} of {len(ranked)} tenants, most GPU-hours first; jobs "
+        f"and GPU-hour share from {pols[0]}):",
+        "",
+        "| tenant | jobs | GPU-h share | " + " | ".join(pols) + " |",
+        "| --- | ---: | ---: |" + " ---: |" * len(pols),
+    ]
+    for t in ranked[:top]:
+        cells = []
+        for p in pols:
+            row = per[p].get(t, {})
+            mean, p95 = row.get("wait_mean"), row.get("wait_p95")
+            cells.append(f"{fmt_value(mean, 'time')} / {fmt_value(p95, 'time')}")
+        share = (first[t].get("gpu_h") or 0.0) / total
+        lines.append(f"| {t} | {first[t]['jobs']:,.0f} | {100 * share:.1f}% | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

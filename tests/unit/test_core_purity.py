@@ -1,7 +1,8 @@
 """The pure parts stay pure: no asyncio, NATS, Redis, clock or services inside shared/core (the placement core),
 shared/lifecycle.py (the job's state machine), shared/reconcile.py (agents against records), shared/liveness.py
 (silence judged only while we could hear), shared/launch.py (the launch contract), shared/rank_log.py (log lines),
-shared/output_path.py (the output pattern) or shared/jobfile/ (job files read: text in, a body out)."""
+shared/output_path.py (the output pattern), shared/usage_log.py (the usage view's fold of the job log) or
+shared/jobfile/ (job files read: text in, a body out)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import pytest
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 CORE = SHARED / "core"
 PURE_MODULES = (
-    *(SHARED / f"{m}.py" for m in ("lifecycle", "reconcile", "liveness", "launch", "rank_log", "output_path")),
+    *(
+        SHARED / f"{m}.py"
+        for m in ("lifecycle", "reconcile", "liveness", "launch", "rank_log", "output_path", "usage_log")
+    ),
     *sorted((SHARED / "jobfile").glob("*.py")),
 )
 FORBIDDEN_MODULES = ("asyncio", "nats", "redis", "valkey", "aiohttp", "services", "time", "datetime", "socket")
@@ -55,7 +59,8 @@ def test_importing_the_core_loads_no_io_modules() -> None:
 
     code = (
         "import sys; import shared.core, shared.core.topology_io, shared.lifecycle, shared.reconcile, "
-        "shared.liveness, shared.launch, shared.rank_log, shared.output_path, shared.jobfile, shared.jobfile.schema; "
+        "shared.liveness, shared.launch, shared.rank_log, shared.output_path, shared.usage_log, shared.jobfile, "
+        "shared.jobfile.schema; "
         "print(' '.join(m for m in sys.modules if m.split('.')[0] in "
         f"{IO_MODULES!r}))"
     )

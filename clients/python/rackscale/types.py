@@ -42,6 +42,8 @@ __all__ = [
     "RankExitView",
     "RouterHealth",
     "TopologyBody",
+    "UsageRow",
+    "UsageView",
     "Utilisation",
 ]
 
@@ -491,3 +493,36 @@ class RouterHealth:
     # ok (every cell answers) | degraded (some do) | unavailable (none does)
     status: str
     cells: dict[str, bool]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UsageRow:
+    """One tenant's use of one period (a UTC day, or an ISO week from Monday)."""
+
+    tenant: str
+    # the period's first day, ISO (2025-01-06)
+    period: str
+    # the same, as Unix seconds (00:00 UTC)
+    start: float
+    # GPUs held x hours, runs still holding counted up to `as_of`
+    gpu_hours: float
+    # distinct jobs that held GPUs in the period
+    jobs: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UsageView:
+    """GET /v1/usage: GPU-hours per tenant and period, from the job log (the usage view the queue keeps)."""
+
+    # the tenant asked for (null: every tenant the caller may see)
+    tenant: str | None
+    # day | week
+    by: str
+    # the first period's start (from, rounded down to one)
+    from_: float = _field(metadata={"json": "from"})
+    # the end of the last (to, rounded up): periods in [from, to)
+    to: float
+    # when this was read: open runs count up to it
+    as_of: float
+    # by period, then tenant; a tenant's periods without use are left out
+    rows: list[UsageRow]
