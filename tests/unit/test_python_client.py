@@ -80,11 +80,19 @@ def test_a_view_added_to_shared_api_is_generated_in_when_the_generator_runs_agai
     assert type(view).__name__ == "DryRunView" and view.start == "later" and view.allocation[0].gpus == [1]
 
 
-def test_a_view_not_generated_yet_is_answered_as_its_json() -> None:
-    assert not hasattr(types, "UsageView") or pytest.skip("UsageView is generated in: the dict fallback is moot")
-    wire = b'{"rows": [{"tenant": "alice", "gpu_hours": 1.5}]}'
-    call = _protocol.Api(Endpoint.parse("http://gw")).usage(tenant="alice")
-    assert call.read(200, wire) == {"rows": [{"tenant": "alice", "gpu_hours": 1.5}]}
+def test_usage_reads_as_its_view_or_as_csv_text() -> None:
+    wire = msgspec.json.encode(
+        api.UsageView(
+            tenant="alice",
+            by="day",
+            start=0.0,
+            end=86400.0,
+            as_of=5.0,
+            rows=[api.UsageRow(tenant="alice", period="1970-01-01", start=0.0, gpu_hours=1.5, jobs=2)],
+        )
+    )
+    view = _protocol.Api(Endpoint.parse("http://gw")).usage(tenant="alice").read(200, wire)
+    assert type(view).__name__ == "UsageView" and view.rows[0].gpu_hours == 1.5 and view.from_ == 0.0
     assert _protocol.Api(Endpoint.parse("http://gw")).usage(csv=True).read(200, b"tenant,gpu_hours\n") == (
         "tenant,gpu_hours\n"
     )
