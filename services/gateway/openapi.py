@@ -130,9 +130,19 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "tags": ["jobs"],
         "parameters": [_IDEMPOTENCY_KEY],
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("JobBody")}}},
+        "description": "With `array` (Slurm's --array: `0-99%8`) one submit is an array of tasks, jobs `<id>_<index>` "
+        "that differ only in their index (RACKSCALE_ARRAY_TASK_ID), at most `%N` of them running at once; its id "
+        "names no job (its tasks: `GET /v1/jobs?array=<id>`; a cancel of it cancels every task). With `dependency` "
+        "(Slurm's: `afterok:ID:ID,afterany:ID,afternotok:ID,singleton`) the job waits until it holds; every ID "
+        "must name a job or an array that exists (else 422), and a dependency that can never be met cancels the "
+        "job with the reason.",
         "responses": {
-            "202": _json("Accepted", "accepted: the job is pending"),
-            "200": _json("JobView", "an earlier submit with this Idempotency-Key: the job as it is now"),
+            "202": _json("Accepted", "accepted: the job (or every task of the array) is pending"),
+            "200": _json(
+                "JobView",
+                "an earlier submit with this Idempotency-Key: the job as it is now (an array's "
+                "retried submit answers 202 again)",
+            ),
             "400": _error("not JSON, not an object, or a bad Idempotency-Key"),
             "403": _error("a user token submitting for another tenant"),
             "413": {"description": "body larger than 1 MiB"},
@@ -142,9 +152,18 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("get", "/v1/jobs"): {
         "operationId": "listJobs",
-        "summary": "List jobs in submit order",
+        "summary": "List jobs in submit order (an array's tasks with `array`, in index order)",
         "tags": ["jobs"],
-        "parameters": _LIST_PARAMS,
+        "parameters": [
+            *_LIST_PARAMS,
+            {
+                "name": "array",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "only this array's tasks (the id its submit answered), in index order",
+            },
+        ],
         "responses": {"200": _json("JobList", "one page of jobs"), "422": _error("bad filter or page")},
     },
     ("get", "/v1/jobs/{id}"): {
@@ -152,17 +171,21 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "Read a job (also after it ended)",
         "tags": ["jobs"],
         "parameters": [_JOB_ID],
-        "responses": {"200": _json("JobView", "the job"), "404": _error("unknown job, or another tenant's")},
+        "responses": {
+            "200": _json("JobView", "the job"),
+            "404": _error("unknown job, or another tenant's; for an array's id, where its tasks are listed"),
+            "503": _error("the job is not recorded yet (Retry-After), or a backend is unavailable"),
+        },
     },
     ("delete", "/v1/jobs/{id}"): {
         "operationId": "cancelJob",
-        "summary": "Cancel a job",
+        "summary": "Cancel a job; an array's id cancels every task of it not ended",
         "tags": ["jobs"],
         "parameters": [_JOB_ID],
         "responses": {
             "202": _json("Accepted", "the cancel is on its way (state: cancelling)"),
             "404": _error("unknown job, or another tenant's"),
-            "409": _error("the job already ended"),
+            "409": _error("the job (every task of the array) already ended"),
             "503": _error("the bus is unavailable"),
         },
     },
