@@ -262,3 +262,22 @@ async def test_a_dependency_on_a_cancelled_array_and_a_task(open_stack: StackFac
     events = await e2e.job_events()
     depends = {j: done[j]["dependency"] for j in (on_array, on_any, on_task)}
     assert dependencies(events, depends, {array: tasks}) == []
+
+
+async def test_a_job_held_by_its_dependency_reserves_nothing_and_blocks_no_one(open_stack: StackFactory) -> None:
+    """A job of the whole domain (18 nodes) waits for a 1-node job of its priority: were it in the cycle, it would
+    reserve every free node from that job's expected end on, and a long small job could not start before it (Slurm's
+    backfill rule; without the dependency the small job waits "reserved to start in ~80 s"). Held out of the cycle
+    by its dependency, it blocks nothing: the small job starts at once."""
+    e2e = await open_stack(domains=1)
+    top = {"tenant": "a", "priority": 100}
+    first = await e2e.submit({**top, "name": "first", "gpus": 4, "duration_s": 300, "expected_runtime_s": 30})
+    await e2e.wait_state(first, {"running"})
+    big = await e2e.submit({**top, "name": "big", "gpus": 72, "dependency": f"afterok:{first}"})
+    await e2e.wait_state(big, {"pending"}, check=lambda j: j["reason"] == f"waits for afterok: {first} (not ended)")
+    small = await e2e.submit({"name": "small", "tenant": "b", "gpus": 4, "duration_s": 300})
+    await e2e.wait_state(small, {"running"})
+    # its dependency cancelled: it can never run, and is cancelled with the reason
+    await e2e.cancel(first)
+    done = await e2e.wait_state(big, {"cancelled"})
+    assert done["reason"] == f"dependency can never be met: afterok:{first} cancelled"
