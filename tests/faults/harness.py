@@ -145,6 +145,13 @@ def plant_double_booking(history: History) -> History:
     )
 
 
+def plant_early_start(history: History, job: str) -> History:
+    """The history with `job`'s first `placed` event copied to the head of the log: it started before anything it
+    waited for had ended (to show the arrays and dependencies checks catch it)."""
+    first = next(le for le in history.job_events if le.event.job_id == job and le.event.state is JobState.PLACED)
+    return dataclasses.replace(history, job_events=[Logged(0, first.at, first.event), *history.job_events])
+
+
 async def jobs_at_end(e2e: E2E, ids: list[str], timeout: float) -> dict[str, dict[str, Any]]:
     """The jobs' views once every one is terminal, or whatever they are at the deadline (errors ignored): for
     faults whose outcome the history checker judges, so a stuck job doesn't end the test before it."""

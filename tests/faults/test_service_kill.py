@@ -24,6 +24,7 @@ from tests.faults.harness import (
     free_port,
     freeze_kill_restart,
     plant_double_booking,
+    plant_early_start,
     settled,
     victim_process,
     wait_ready,
@@ -77,6 +78,10 @@ async def test_sigkill_and_restart_under_a_burst_loses_nothing_and_runs_nothing_
     caught = [v for v in check(plant_double_booking(history)) if v.startswith("(c)") and "planted" in v]
     assert len(caught) >= 2, caught
     assert_workflows(burst, history, every)
+    # ... nor to a dependant that started before the array it waited for had ended
+    after_sweep = next(j for j, d in workflows.depends.items() if d.startswith("afterany:"))
+    early = workflows.check(plant_early_start(history, after_sweep), every)
+    assert any(v.startswith(f"(f) {after_sweep} placed at event #0 before afterany:") for v in early), early
 
     bad = {i: (j["state"], j["reason"]) for i, j in jobs.items() if j["state"] != "succeeded"}
     assert not bad, f"{len(bad)} jobs did not succeed: {dict(list(bad.items())[:10])}"
