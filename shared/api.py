@@ -109,6 +109,11 @@ class JobView(msgspec.Struct, kw_only=True):
     # (`topology.segment` a list) is one of the sizes it listed
     segment: int | None = None
     min_gpus: int | None = None  # elastic: its least (its allocation says the size it has)
+    # a task of an array: the array's id (its submit's) and this task's index; `array` the body's ("0-99%8")
+    array_id: str | None = None
+    array_index: int | None = None
+    array: str | None = None
+    dependency: str = ""  # what it waits for, as submitted ("afterok:ID,singleton"); the reason says what is left
 
 
 class LogLine(msgspec.Struct, kw_only=True):

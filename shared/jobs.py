@@ -3,8 +3,11 @@ to how its processes start (`schemas.Launch`)."""
 
 from __future__ import annotations
 
+import msgspec
+
+from shared.core.arrays import parse_array, task_order
 from shared.core.shape import JobSpec, Need, with_segment, with_size
-from shared.schemas import JobBody, JobRecord, JobState, Launch
+from shared.schemas import ArrayTask, JobBody, JobRecord, JobState, Launch
 
 
 def body_segments(body: JobBody) -> tuple[int, ...]:
@@ -44,7 +47,7 @@ def record_spec(rec: JobRecord) -> JobSpec:
     """The core's view of a job record: its body, submitted when the queue accepted it. A job holding (or
     being given) GPUs is the rigid job of the layout its attempt got; a waiting one may take any of its
     segments again."""
-    spec = job_spec(rec.spec, rec.id, rec.submitted_at)
+    spec = job_spec(rec.spec, rec.id, submit_order(rec))
     laid_out = rec.state is not JobState.PENDING or rec.inflight_since is not None
     if not laid_out:
         return spec
@@ -66,3 +69,21 @@ def launch_of(body: JobBody) -> Launch:
         output=body.output,
         job_name=body.name,
     )
+
+
+def submit_order(rec: JobRecord) -> float:
+    """When the job counts as submitted, for ordering (listing, the cycle): its submit time, an array's tasks
+    apart by index so that they list and start in index order."""
+    return rec.submitted_at if rec.array_index is None else task_order(rec.submitted_at, rec.array_index)
+
+
+def record_launch(rec: JobRecord) -> Launch:
+    """`launch_of` the record's body, and for an array's task what its processes are told of the array."""
+    launch = launch_of(rec.spec)
+    if rec.array_index is None or rec.spec.array is None:
+        return launch
+    indices = parse_array(rec.spec.array).indices
+    task = ArrayTask(
+        array_id=rec.array_id, index=rec.array_index, count=len(indices), first=indices[0], last=indices[-1]
+    )
+    return msgspec.structs.replace(launch, array=task)

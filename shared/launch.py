@@ -52,7 +52,14 @@ CONTRACT: tuple[Variable, ...] = (
     Variable("RACKSCALE_SEGMENT", "this node's segment: its group of `topology.segment` nodes (0 without)"),
     Variable("RACKSCALE_NVLINK_DOMAIN", "the domain every node of the job is in, if they share one (else unset)"),
     Variable("RACKSCALE_RESTORE", "the checkpoint to resume from; set but empty for a fresh start"),
+    # a task of an array (`"array": "0-99%8"`) is told its array; unset for any other job
+    Variable("RACKSCALE_ARRAY_JOB_ID", "an array task's array: the submit's id (the task's own is `<that>_<index>`)"),
+    Variable("RACKSCALE_ARRAY_TASK_ID", "an array task's index"),
+    Variable("RACKSCALE_ARRAY_TASK_COUNT", "tasks in the array"),
+    Variable("RACKSCALE_ARRAY_TASK_MIN", "the array's lowest index"),
+    Variable("RACKSCALE_ARRAY_TASK_MAX", "the array's highest index"),
 )
+ARRAY_VARIABLES = tuple(v.name for v in CONTRACT if v.name.startswith("RACKSCALE_ARRAY_"))
 
 # Scripts written for Slurm (`slurm_env: true`): the same facts under Slurm's names.
 SLURM_ALIASES: tuple[tuple[str, str], ...] = (
@@ -68,6 +75,12 @@ SLURM_ALIASES: tuple[tuple[str, str], ...] = (
     ("SLURM_NODELIST", "RACKSCALE_NODELIST"),
     ("SLURM_GPUS_ON_NODE", "GPUS_PER_NODE"),
     ("SLURMD_NODENAME", "RACKSCALE_NODE"),
+    # an array task's only
+    ("SLURM_ARRAY_JOB_ID", "RACKSCALE_ARRAY_JOB_ID"),
+    ("SLURM_ARRAY_TASK_ID", "RACKSCALE_ARRAY_TASK_ID"),
+    ("SLURM_ARRAY_TASK_COUNT", "RACKSCALE_ARRAY_TASK_COUNT"),
+    ("SLURM_ARRAY_TASK_MIN", "RACKSCALE_ARRAY_TASK_MIN"),
+    ("SLURM_ARRAY_TASK_MAX", "RACKSCALE_ARRAY_TASK_MAX"),
 )
 
 NCCL_HINTS = ("NCCL_MNNVL_ENABLE",)  # set by the contract, but a job's own env may override them
@@ -189,9 +202,14 @@ def process_env(cmd: StartRank, local_rank: int = 0) -> dict[str, str]:
     }
     if shared_domain:
         contract["RACKSCALE_NVLINK_DOMAIN"] = shared_domain
+    task = cmd.launch.array
+    if task is not None:
+        contract.update(
+            zip(ARRAY_VARIABLES, map(str, (task.array_id, task.index, task.count, task.first, task.last)), strict=True)
+        )
     env.update(contract)
     if cmd.launch.slurm_env:
-        env.update({alias: contract[name] for alias, name in SLURM_ALIASES})
+        env.update({alias: contract[name] for alias, name in SLURM_ALIASES if name in contract})
         env["SLURM_RESTART_COUNT"] = str(max(0, cmd.attempt - 1))
     return env
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from shared.core.arrays import ArraySyntaxError, parse_array, task_id
 from shared.schemas import (
     HOLDING,
     TERMINAL,
@@ -86,6 +87,23 @@ def submitted(msg: JobSubmitted, now: float, trace: str = "") -> JobRecord:
         updated_at=now,
         trace=trace,
     )
+
+
+def submitted_jobs(msg: JobSubmitted, now: float, trace: str = "") -> list[JobRecord]:
+    """The records a submit makes: the job's, or for an array (`spec.array`) one per task, `<id>_<index>`, each
+    with the array's id and its index and otherwise the array's body. The queue's intake and the log's replay
+    both expand a submit so, so a rebuilt view holds the very same tasks. None for an array that doesn't parse
+    (the gateway refuses one: only a message from elsewhere can carry it)."""
+    if msg.spec.array is None:
+        return [submitted(msg, now, trace)]
+    try:
+        indices = parse_array(msg.spec.array).indices
+    except ArraySyntaxError:
+        return []
+    first = submitted(msg, now, trace)
+    return [
+        msgspec.structs.replace(first, id=task_id(msg.job_id, i), array_id=msg.job_id, array_index=i) for i in indices
+    ]
 
 
 def cancelled(rec: JobRecord, msg: JobCancel, now: float) -> JobRecord | None:

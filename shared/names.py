@@ -8,7 +8,7 @@ NATS and one Redis.
 
 Who writes what (one writer per Redis key family):
   inventory  node:*, nodestate:*, healthstate:*, nodes, heartbeats, topo:gen      placement  gpus:*, alloc:*, allocs
-  queue      job:*, jobs, jobs:active, jobs:undecided, queue:leader, view, view:lock, usage* (its leader)
+  queue      job:*, jobs, jobs:active, jobs:undecided, array:*, queue:leader, view, view:lock, usage* (its leader)
   migration  migration:*, migrations
 (A rebuild of the view from the log — services/queue/rebuild.py — writes allocations too, while the view is
 closed and the commit script refuses; every commit and job write counts the view's clock up.)
@@ -268,6 +268,9 @@ class Names:
     @property
     def jobs_key(self) -> str:
         return self._key("jobs")  # zset: job id by submit order (listing)
+
+    def array_key(self, array_id: str) -> str:
+        return self._key(f"array:{array_id}")  # set: the task ids of an array (the queue writes it with the tasks)
 
     @property
     def active_jobs_key(self) -> str:

@@ -118,6 +118,8 @@ def nats_permissions(names: Names) -> dict[str, Permissions]:
             *(f"{JS_API}.CONSUMER.CREATE.{stream(s)}" for s in (n.job_submit, n.events_all)),
             *(f"{JS_API}.CONSUMER.DELETE.{stream(s)}.*" for s in (n.job_submit, n.events_all)),
             *(f"$JS.FC.{stream(s)}.>" for s in (n.job_submit, n.events_all)),  # its ordered consumers' flow control
+            # a dependency's end counts once the job's last event says it (services/queue/gate.py, `get_last_msg`)
+            f"{JS_API}.STREAM.MSG.GET.{stream(n.events_all)}",
         ],
         "placement": [n.placement_events, n.agent_cmd("*")],
         "migration": [

@@ -175,6 +175,9 @@ class JobRecord(msgspec.Struct, kw_only=True, gc=False):
     checkpoint: str = ""  # ref of the newest checkpoint ("" none); a restore resumes from it
     move: MoveTicket | None = None  # set while migrating
     segment: int | None = None  # the segment of the layout its attempt got (a flexible job's may be smaller)
+    # a task of an array (`spec.array`): the array's id (its submit's) and this task's index; "" / None: no array
+    array_id: str = ""
+    array_index: int | None = None
 
 
 class AllocationRecord(msgspec.Struct, kw_only=True, frozen=True, gc=False):
@@ -272,6 +275,16 @@ class MoveAbort(msgspec.Struct, tag="job.move_abort", kw_only=True, frozen=True)
 JobIntake = JobSubmitted | JobCancel | MoveOrder | MoveAbort
 
 
+class ArrayTask(msgspec.Struct, kw_only=True, frozen=True, gc=False):
+    """What an array task's processes are told of their array (shared/launch.py: RACKSCALE_ARRAY_*)."""
+
+    array_id: str
+    index: int
+    count: int  # tasks in the array
+    first: int  # its lowest and highest index
+    last: int
+
+
 class Launch(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """How a job's processes start, as its body asked: the same on every node (shared/launch.py)."""
 
@@ -282,6 +295,7 @@ class Launch(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     slurm_env: bool = False
     output: str = ""  # the body's output pattern (shared/output_path.py): each process's output also goes there
     job_name: str = ""  # the body's name, for the pattern's %x
+    array: ArrayTask | None = None  # set for a task of an array
 
 
 class PlaceOrder(msgspec.Struct, tag="order.place", kw_only=True, frozen=True):

@@ -16,6 +16,8 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline
 
 from shared.bus import Retry
+from shared.core.arrays import split_task_id
+from shared.jobs import submit_order
 from shared.names import Names
 from shared.redis_client import RedisClient, redis_client
 from shared.schemas import (
@@ -42,9 +44,9 @@ from shared.schemas import (
 # run. So every command sent here must come out the same when it runs twice:
 # - reads (GET, MGET, HGET, HGETALL, SMEMBERS, ZRANGE*, ZMSCORE, read pipelines, ALLOC_RECORDS_LUA): no effect.
 # - writes of a value (SET, MSET, DEL, SADD, SREM, HSET, ZADD NX/GT) and MULTI/EXEC pipelines of them (put_node,
-#   put_job, put_migration, put_reservations, touch_nodes): the same value again. Only a write another writer
-#   made in between could be undone; a key family has one writer (inventory's replicas: the last write wins
-#   and the next heartbeat heals it, as without a retry), and the retry follows within a second.
+#   put_job, put_migration, put_reservations, touch_nodes; index_array's SADD): the same value again. Only a write
+#   another writer made in between could be undone; a key family has one writer (inventory's replicas: the last
+#   write wins and the next heartbeat heals it, as without a retry), and the retry follows within a second.
 # - INCR topo:gen (put_node): a second bump only makes topology caches read once more.
 # - COMMIT_LUA: run again after it committed, it finds its own attempt held and answers 'dup', which placement
 #   handles as a redelivered order (the same messages with the same msg ids). If it hadn't run, it decides anew.
@@ -349,7 +351,7 @@ class Store:
         async with self.r.pipeline(transaction=True) as p:
             p.set(n.job_key(rec.id), encode(rec))
             if new:
-                p.zadd(n.jobs_key, {rec.id: rec.submitted_at}, nx=True)
+                p.zadd(n.jobs_key, {rec.id: submit_order(rec)}, nx=True)
             _index_job(p, n, rec)
             await p.execute()
         self._seen(rec.id, encode(rec), rec.state)
@@ -358,7 +360,7 @@ class Store:
         """Store a new job unless its id exists (a redelivered submission); returns the stored record and
         whether this call created it. One round trip either way."""
         data = encode(rec)
-        ok, current = await self._cas_job(rec.id, b"", data, rec, score=rec.submitted_at)
+        ok, current = await self._cas_job(rec.id, b"", data, rec, score=submit_order(rec))
         if ok:
             return rec, True
         assert current is not None  # '' was expected, so the CAS only fails when a record exists
@@ -460,15 +462,37 @@ class Store:
         """Every job not yet terminal."""
         return await self.get_jobs(await self.active_job_ids())
 
+    async def index_array(self, array_id: str, task_ids: Sequence[str]) -> None:
+        """Note an array's task ids (once their records are written: whoever finds the array finds every task).
+        Idempotent."""
+        if task_ids:
+            await self.r.sadd(self.names.array_key(array_id), *task_ids)
+
+    async def array_task_ids(self, array_id: str) -> list[str]:
+        """An array's task ids in index order; [] when `array_id` names no array. One SMEMBERS."""
+        ids = [m.decode() for m in await self.r.smembers(self.names.array_key(array_id))]
+        return sorted(ids, key=lambda t: (split_task_id(t) or ("", 0))[1])
+
     async def list_jobs(
-        self, *, tenant: str | None = None, state: JobState | None = None, offset: int = 0, limit: int = 50
+        self,
+        *,
+        tenant: str | None = None,
+        state: JobState | None = None,
+        offset: int = 0,
+        limit: int = 50,
+        array: str | None = None,
     ) -> tuple[list[JobRecord], int]:
-        """Jobs in submit order, filtered; returns (page, total matching). Scans in chunks: fine at our scale."""
+        """Jobs in submit order (an array's tasks, `array`, in index order), filtered; returns (page, total
+        matching). Scans in chunks: fine at our scale."""
         out: list[JobRecord] = []
         matched = 0
         start, chunk = 0, 500
+        tasks = await self.array_task_ids(array) if array is not None else None
         while True:
-            ids = [m.decode() for m in await self.r.zrange(self.names.jobs_key, start, start + chunk - 1)]
+            if tasks is not None:
+                ids = tasks[start : start + chunk]
+            else:
+                ids = [m.decode() for m in await self.r.zrange(self.names.jobs_key, start, start + chunk - 1)]
             if not ids:
                 break
             for rec in await self.get_jobs(ids):
@@ -584,8 +608,10 @@ class Store:
             async with self.r.pipeline(transaction=False) as p:
                 for rec, data in chunk:
                     p.set(n.job_key(rec.id), data)
-                    p.zadd(n.jobs_key, {rec.id: rec.submitted_at}, nx=True)
+                    p.zadd(n.jobs_key, {rec.id: submit_order(rec)}, nx=True)
                     _index_job(p, n, rec)
+                    if rec.array_id:
+                        p.sadd(n.array_key(rec.array_id), rec.id)
                 await p.execute()
             for rec, data in chunk:
                 self._seen(rec.id, data, rec.state)

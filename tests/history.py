@@ -49,6 +49,7 @@ from typing import Any
 import aiohttp
 from nats.aio.client import Client as NatsClient
 
+from shared.core.arrays import parse_array, task_id
 from shared.names import Names
 from shared.schemas import (
     AGENT_COMMANDS,
@@ -84,8 +85,9 @@ class Request:
     status: int
     job_id: str = ""  # a submit's accepted job (202, or 200 for a resubmit); a job read's job
     state: str = ""  # a job read answered 200: the job's state
-    # a job read answered 503 "not recorded yet" (Retry-After): the queue had submits still to handle; the
-    # answer a client is told to retry, not a failure (no fault window needed for it)
+    # a job read (or a submit whose dependency names a job) answered 503 "not recorded yet" (Retry-After): the
+    # queue had submits still to handle; the answer a client is told to retry, not a failure (no fault window
+    # needed for it)
     not_yet: bool = False
 
     @property
@@ -468,6 +470,14 @@ def reruns(history: History, jobs: Iterable[str]) -> list[str]:
 
 # -- the recorder -------------------------------------------------------------------------------------------
 
+
+def array_tasks(body: Any, array_id: str) -> list[str]:
+    """The task ids an accepted submit of `body` made, when it is an array's (else none)."""
+    if not isinstance(body, dict) or not isinstance(body.get("array"), str):
+        return []
+    return [task_id(array_id, i) for i in parse_array(body["array"]).indices]
+
+
 NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 
 
@@ -513,15 +523,19 @@ class Recorder:
             pass
         job_id, state, not_yet = "", "", False
         if isinstance(data, dict):
+            # a job (or a job a submit's dependency names) not recorded yet: the queue had submits to handle
+            not_yet = status == 503 and "not recorded yet" in str(data.get("error", ""))
             if method == "POST" and path == "/v1/jobs" and status in (200, 202):
                 job_id = str(data.get("id", ""))
             elif method == "GET" and path.startswith("/v1/jobs/"):
                 job_id = path.removeprefix("/v1/jobs/")
                 state = str(data.get("state", "")) if status == 200 else ""
-                not_yet = status == 503 and "not recorded yet" in str(data.get("error", ""))
         elif method == "GET" and path.startswith("/v1/jobs/"):
             job_id = path.removeprefix("/v1/jobs/")
-        self.requests.append(Request(start, time.time(), method, path, status, job_id, state, not_yet))
+        end = time.time()
+        tasks = array_tasks(json, job_id) if method == "POST" and job_id else []
+        for task in tasks or [job_id]:  # an array's submit: its tasks are the jobs accepted (its id names none)
+            self.requests.append(Request(start, end, method, path, status, task, state, not_yet))
         return status, data
 
     async def submit(self, body: dict[str, Any], *, deadline_s: float = 90.0) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from services.cli import jobfiles
-from services.cli.client import Client, CliError, quote
+from services.cli.client import ApiError, Client, CliError, quote
 from services.cli.cluster import decode_cluster, draw_cluster
 from shared import sse
 from shared.api import LogLine
@@ -81,6 +81,8 @@ def flag_fields(args: argparse.Namespace) -> dict[str, Any]:
         "env": dict(args.env) or None,
         "processes": "per_gpu" if args.per_gpu else None,
         "slurm_env": True if args.slurm_env else None,
+        "array": args.array,
+        "dependency": args.dependency,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if args.checkpointable:
@@ -110,6 +112,8 @@ def submit(args: argparse.Namespace, client: Client, out: Out) -> int:
         _print_json(out, doc)
     elif resp.status == 200:  # the Idempotency-Key named a job submitted before
         out(f"{doc.get('id')}: already submitted with this Idempotency-Key, now {doc.get('state')}")
+    elif args.array:
+        out(f"{doc.get('id')}: array submitted ({doc.get('state')}); its tasks: rackscale jobs --array {doc.get('id')}")
     else:
         out(f"{doc.get('id')}: submitted ({doc.get('state')})")
     return 0
@@ -191,6 +195,8 @@ def _domains(job: dict[str, Any]) -> str:
 
 def jobs(args: argparse.Namespace, client: Client, out: Out) -> int:
     query = {"tenant": args.tenant, "state": args.state, "limit": args.limit, "offset": args.offset, "cell": args.cell}
+    if args.array:
+        query["array"] = args.array
     doc = client.get("/v1/jobs", query)
     if args.json:
         _print_json(out, doc)
@@ -210,7 +216,8 @@ def jobs(args: argparse.Namespace, client: Client, out: Out) -> int:
         for j in doc["jobs"]
     ]
     headers = ["ID", "NAME", "TENANT", "STATE", "GPUS", "DOMAINS", "AGE", "REASON"]
-    return _page(out, doc, "jobs", headers, rows, "no jobs" + (" match" if args.tenant or args.state else ""))
+    filtered = args.tenant or args.state or args.array
+    return _page(out, doc, "jobs", headers, rows, "no jobs" + (" match" if filtered else ""))
 
 
 def _page(out: Out, doc: dict[str, Any], noun: str, headers: list[str], rows: list[list[str]], empty: str) -> int:
@@ -267,6 +274,10 @@ def _gpu_list(gpus: Sequence[int]) -> str:
 def describe_job(j: dict[str, Any], now: float) -> str:
     topo = j.get("topology") or {}
     shape = f"{j['gpus']} GPUs" + (f", {j['gpus_per_node']} per node" if j.get("gpus_per_node") else "")
+    if j.get("array_id"):
+        array_note = f"task {j.get('array_index')} of array {j['array_id']} ({j.get('array') or '?'})"
+    else:
+        array_note = ""
     if j.get("min_gpus"):
         held = sum(len(a["gpus"]) for a in j.get("allocation") or [])
         shape = f"elastic {j['min_gpus']}-{j['gpus']} GPUs" + (f" (has {held})" if held else "")
@@ -286,6 +297,10 @@ def describe_job(j: dict[str, Any], now: float) -> str:
         ("tenant", j["tenant"]),
         ("state", j["state"]),
     ]
+    if array_note:
+        rows.append(("array", array_note))
+    if j.get("dependency"):
+        rows.append(("dependency", j["dependency"]))
     reason = j.get("reason") or ""
     if reason:
         rows.append(("pending reason" if j["state"] == "pending" else "reason", reason))
@@ -330,7 +345,16 @@ def describe_job(j: dict[str, Any], now: float) -> str:
 
 
 def job(args: argparse.Namespace, client: Client, out: Out) -> int:
-    doc = client.get(f"/v1/jobs/{quote(args.id)}")
+    try:
+        doc = client.get(f"/v1/jobs/{quote(args.id)}")
+    except ApiError as e:
+        if e.status != 404 or " is an array of " not in e.error:
+            raise
+        # an array's id names no job: its tasks instead
+        listing = argparse.Namespace(
+            json=args.json, tenant=None, state=None, array=args.id, limit=500, offset=0, cell=None
+        )
+        return jobs(listing, client, out)
     if args.json:
         _print_json(out, doc)
     else:

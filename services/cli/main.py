@@ -4,6 +4,7 @@
     rackscale submit --gpus 64 --name demo --tenant me -- python train.py
     rackscale submit -f job.yaml [flags over the file's fields]   a job body in YAML (docs/jobs.md)
     rackscale sbatch [OPTIONS] script.sh [-- ARGS]                  an sbatch script (#SBATCH, #RACKSCALE lines)
+    rackscale submit --array 0-9%2 --dependency afterok:ID ... -- cmd   an array of 10, 2 at once, after job ID
     rackscale jobs | job ID | cancel ID | cluster | drain NODE | undrain NODE | clear-health NODE
     rackscale usage [--tenant T] [--from D] [--to D] [--by day|week] [--csv]   GPU-hours per tenant
     rackscale demo                                                   the scheduling core alone, in the terminal
@@ -104,6 +105,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workdir", default=None, help="absolute directory the processes start in")
     s.add_argument("--per-gpu", action="store_true", help="one process per GPU (srun style; default one per node)")
     s.add_argument("--slurm-env", action="store_true", help="also SLURM_* aliases of the launch contract")
+    s.add_argument(
+        "--array", default=None, metavar="INDICES[%N]", help="an array of tasks, Slurm's syntax: 0-99%%8, 1,3,5-7"
+    )
+    s.add_argument(
+        "--dependency",
+        "-d",
+        default=None,
+        metavar="KIND:ID[:ID...][,...]",
+        help="wait for other jobs (Slurm's syntax): afterok:ID, afterany:ID, afternotok:ID, singleton",
+    )
     s.add_argument("--idempotency-key", default=None, help="a retry with the same key names the same job")
     s.add_argument(
         "--test-only",
@@ -124,10 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     js = sub.add_parser("jobs", parents=[api, in_cell], help="list jobs")
     js.add_argument("--tenant", default=None)
     js.add_argument("--state", choices=JOB_STATES, default=None)
+    js.add_argument("--array", default=None, metavar="ID", help="only this array's tasks, in index order")
     js.add_argument("--limit", type=positive_int, default=50, help="at most this many (max 500, default 50)")
     js.add_argument("--offset", type=int, default=0)
 
-    j = sub.add_parser("job", parents=[api], help="one job: state, pending reason, allocation")
+    j = sub.add_parser("job", parents=[api], help="one job: state, pending reason, allocation (an array: its tasks)")
     j.add_argument("id")
     lg = sub.add_parser("logs", parents=[api], help="what a job's processes wrote (stdout and stderr)")
     lg.add_argument("id")
@@ -135,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--rank", type=non_negative_int, default=None, help="one process's (RANK) alone")
     lg.add_argument("--tail", type=non_negative_int, default=None, help="the last N lines")
     lg.add_argument("--attempt", type=positive_int, default=None, help="an earlier attempt's (default the latest)")
-    c = sub.add_parser("cancel", parents=[api], help="cancel a job")
+    c = sub.add_parser("cancel", parents=[api], help="cancel a job (an array's id: every task not ended)")
     c.add_argument("id")
     sub.add_parser("cluster", parents=[api, in_cell], help="the fleet, one row of GPUs per NVLink domain")
     d = sub.add_parser("drain", parents=[api, node_cell], help="let a node's jobs finish, place nothing new on it")

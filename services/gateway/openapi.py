@@ -145,7 +145,13 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         f"a script name the file's line: `line 7: ...`. A script is at most {SCRIPT_MAX_BYTES} bytes. "
         "With `dry_run=true` (or `1`) the body is checked as a submit's (the same errors), then the "
         "queue leader answers where the job would start now, or when and why it would wait (DryRunView), by its next "
-        "cycle's own decision on its current state. Nothing is stored or published: the job doesn't exist afterwards.",
+        "cycle's own decision on its current state. Nothing is stored or published: the job doesn't exist afterwards. "
+        "With `array` (Slurm's --array: `0-99%8`) one submit is an array of tasks, jobs `<id>_<index>` "
+        "that differ only in their index (RACKSCALE_ARRAY_TASK_ID), at most `%N` of them running at once; its id "
+        "names no job (its tasks: `GET /v1/jobs?array=<id>`; a cancel of it cancels every task). With `dependency` "
+        "(Slurm's: `afterok:ID:ID,afterany:ID,afternotok:ID,singleton`) the job waits until it holds; every ID "
+        "must name a job or an array that exists (else 422), and a dependency that can never be met cancels the "
+        "job with the reason.",
         "tags": ["jobs"],
         "parameters": [
             _IDEMPOTENCY_KEY,
@@ -166,10 +172,10 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
             },
         },
         "responses": {
-            "202": _json("Accepted", "accepted: the job is pending"),
+            "202": _json("Accepted", "accepted: the job (or every task of the array) is pending"),
             "200": {
                 "description": "a dry run: where the job would go (DryRunView); or an earlier submit with this "
-                "Idempotency-Key: the job as it is now (JobView)",
+                "Idempotency-Key: the job as it is now (JobView; an array's retried submit answers 202 again)",
                 "content": {"application/json": {"schema": {"anyOf": [_ref("DryRunView"), _ref("JobView")]}}},
             },
             "400": _error("not JSON (or YAML, or UTF-8 text), not an object, or a bad Idempotency-Key"),
@@ -183,9 +189,18 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("get", "/v1/jobs"): {
         "operationId": "listJobs",
-        "summary": "List jobs in submit order",
+        "summary": "List jobs in submit order (an array's tasks with `array`, in index order)",
         "tags": ["jobs"],
-        "parameters": _LIST_PARAMS,
+        "parameters": [
+            *_LIST_PARAMS,
+            {
+                "name": "array",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "only this array's tasks (the id its submit answered), in index order",
+            },
+        ],
         "responses": {"200": _json("JobList", "one page of jobs"), "422": _error("bad filter or page")},
     },
     ("get", "/v1/jobs/{id}"): {
@@ -193,17 +208,21 @@ OPERATIONS: dict[tuple[str, str], dict[str, Any]] = {
         "summary": "Read a job (also after it ended)",
         "tags": ["jobs"],
         "parameters": [_JOB_ID],
-        "responses": {"200": _json("JobView", "the job"), "404": _error("unknown job, or another tenant's")},
+        "responses": {
+            "200": _json("JobView", "the job"),
+            "404": _error("unknown job, or another tenant's; for an array's id, where its tasks are listed"),
+            "503": _error("the job is not recorded yet (Retry-After), or a backend is unavailable"),
+        },
     },
     ("delete", "/v1/jobs/{id}"): {
         "operationId": "cancelJob",
-        "summary": "Cancel a job",
+        "summary": "Cancel a job; an array's id cancels every task of it not ended",
         "tags": ["jobs"],
         "parameters": [_JOB_ID],
         "responses": {
             "202": _json("Accepted", "the cancel is on its way (state: cancelling)"),
             "404": _error("unknown job, or another tenant's"),
-            "409": _error("the job already ended"),
+            "409": _error("the job (every task of the array) already ended"),
             "503": _error("the bus is unavailable"),
         },
     },

@@ -24,7 +24,7 @@ from aiohttp import web
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from services.gateway import auth, dashboard, dry_run, jobfiles, openapi, summary, usage, views
+from services.gateway import arrays, auth, dashboard, dry_run, jobfiles, openapi, summary, usage, views
 from services.gateway.auth import Principal, Tokens
 from services.gateway.metrics import cluster_metrics
 from services.gateway.validation import MAX_SEQ, ApiError, check_idempotency_key, check_job, decode_json
@@ -99,6 +99,11 @@ def error_response(status: int, error: str, field: str | None = None) -> web.Res
 
 def api_error(e: ApiError) -> web.Response:
     return error_response(e.status, e.error, e.field)
+
+
+def _location(job_id: str, body: JobBody) -> str:
+    """Where an accepted submit is read: the job, or an array's tasks."""
+    return f"/v1/jobs?array={job_id}" if body.array is not None else f"/v1/jobs/{job_id}"
 
 
 def _trace_parent(request: web.Request) -> dict[str, str] | None:
@@ -210,11 +215,16 @@ class Gateway:
             existing = await self.deps.store.get_job(job_id)
             if existing is not None:
                 return await self._resubmitted(existing, body)
+            if (again := await self._array_resubmitted(job_id, body)) is not None:
+                return again
         else:
             job_id = cell_job_id(self.deps.names.cell, uuid.uuid4().hex)  # the id says its cell (a router reads it)
         checked = await self.checked_job(body, job_id)
         if isinstance(checked, ApiError):
             return api_error(submission.located(checked))
+        unknown = await arrays.unknown_dependency(body, lambda dep: self._exists(dep, who))
+        if unknown is not None:
+            return api_error(submission.located(unknown))
         msg = JobSubmitted(job_id=job_id, spec=body, submitted_at=self.now())
         attrs = {"rackscale.job_id": job_id, "rackscale.tenant": body.tenant, "rackscale.gpus": body.gpus}
         # The job's trace starts here (or continues the client's traceparent); the queue keeps it in JobRecord.
@@ -222,7 +232,37 @@ class Gateway:
             hdrs = self.deps.tracer.headers()
             await self.deps.bus.publish(self.deps.names.job_submit, msg, msg_id=job_id, headers=hdrs)
         accepted = api.Accepted(id=job_id, state=JobState.PENDING.value)
-        return json_response(accepted, 202, headers={"Location": f"/v1/jobs/{job_id}"})
+        return json_response(accepted, 202, headers={"Location": _location(job_id, body)})
+
+    async def _array_resubmitted(self, array_id: str, body: JobBody) -> web.Response | None:
+        """A retried array submit (its Idempotency-Key's id names an array): answered as the first was, once its
+        tasks are written; None when it names none yet (the submit goes out again: msg-id dedup, and the queue
+        writes only what it lacks)."""
+        _, recs = await arrays.tasks(self.deps.store, array_id)
+        if not recs:
+            return None
+        if recs[0].spec != body:
+            return error_response(422, "Idempotency-Key was already used for a different job", "Idempotency-Key")
+        accepted = api.Accepted(id=array_id, state=JobState.PENDING.value)
+        return json_response(accepted, 202, headers={"Location": _location(array_id, body)})
+
+    async def _exists(self, job_id: str, who: Principal) -> bool:
+        """Whether a job (or an array) of this id exists and `who` may see it."""
+        rec = await self._job(job_id)
+        if rec is None:
+            _, recs = await arrays.tasks(self.deps.store, job_id)
+            rec = recs[0] if recs else None
+        return rec is not None and who.may_see(rec.spec.tenant)
+
+    async def _visible_tasks(self, request: web.Request, array_id: str) -> tuple[list[str], list[JobRecord]]:
+        """The task ids and records of the array named in the path; none when no array has the id or it is
+        another tenant's. NotRecordedYet while none of its tasks is written yet."""
+        ids, recs = await arrays.tasks(self.deps.store, array_id)
+        if ids and not recs:
+            raise NotRecordedYet(f"array {array_id} is not recorded yet (the queue is writing its tasks); try again")
+        if not recs or not auth.principal(request).may_see(recs[0].spec.tenant):
+            return [], []
+        return ids, recs
 
     async def checked_job(self, body: JobBody, job_id: str) -> JobSpec | ApiError:
         """The body's JobSpec checked against the registered topology, or the 422 naming what is wrong."""
@@ -259,6 +299,8 @@ class Gateway:
         rec = await store.get_job(job_id)
         if rec is not None:
             return rec
+        if await store.array_task_ids(job_id):
+            return None  # an array's id: its tasks are the jobs
         n = self.deps.names
         try:
             info = await self.deps.bus.js.consumer_info(n.stream_for(n.job_submit), n.consumer("queue", "submit"))
@@ -273,7 +315,8 @@ class Gateway:
     async def get_job(self, request: web.Request) -> web.Response:
         job_id, rec = await self._visible_job(request)
         if rec is None:
-            return error_response(404, f"unknown job {job_id}")
+            ids, _ = await self._visible_tasks(request, job_id)
+            return error_response(404, arrays.not_a_job(job_id, ids) if ids else f"unknown job {job_id}")
         return json_response(views.job_view(rec, await self.domain_of()))
 
     async def logs(self, request: web.Request) -> web.StreamResponse:
@@ -383,7 +426,8 @@ class Gateway:
             return scope
         page, tenant = scope
         await self.deps.store.require_view()  # a partial list would hide jobs that exist
-        recs, total = await self.deps.store.list_jobs(tenant=tenant, state=state, **page)
+        array = q.get("array") or None  # an array's tasks, in index order
+        recs, total = await self.deps.store.list_jobs(tenant=tenant, state=state, array=array, **page)
         domain_of = await self.domain_of()
         jobs = [views.job_view(r, domain_of) for r in recs]
         return json_response(api.JobList(jobs=jobs, total=total, **page))
@@ -404,8 +448,14 @@ class Gateway:
         # A job the queue hasn't recorded yet answers 503 (NotRecordedYet): its cancel comes once it is.
         job_id, rec = await self._visible_job(request)
         if rec is None:
-            return error_response(404, f"unknown job {job_id}")
-        if rec.state in TERMINAL:
+            # an array's id: every task of it not ended (the queue cancels each; a task not yet written, once it is)
+            ids, recs = await self._visible_tasks(request, job_id)
+            if not ids:
+                return error_response(404, f"unknown job {job_id}")
+            if len(recs) == len(ids) and all(r.state in TERMINAL for r in recs):
+                return error_response(409, f"every task of array {job_id} has ended", "state")
+            rec = recs[0]
+        elif rec.state in TERMINAL:
             return error_response(409, f"job {job_id} already {rec.state.value}", "state")
         msg = JobCancel(job_id=job_id, at=self.now())
         parent = {"traceparent": rec.trace} if rec.trace else _trace_parent(request)

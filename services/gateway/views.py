@@ -70,6 +70,10 @@ def job_view(rec: JobRecord, domain_of: Mapping[str, str]) -> JobView:
         exits=rank_exits(rec),
         segment=rec.segment if rec.allocation else None,
         min_gpus=s.min_gpus,
+        array_id=rec.array_id or None,
+        array_index=rec.array_index,
+        array=s.array,
+        dependency=s.dependency,
     )
 
 

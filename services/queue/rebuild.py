@@ -60,9 +60,11 @@ class LogFold:
     logged_as: dict[str, tuple[JobState, int]] = field(default_factory=dict)  # job → its last JobEvent's state
 
     def submitted(self, msg: JobSubmitted, trace: str, now: float) -> None:
-        if msg.job_id not in self.records:
-            self.records[msg.job_id] = lifecycle.submitted(msg, now, trace)
-            self.touched.add(msg.job_id)
+        # an array's submit is its tasks' (`lifecycle.submitted_jobs`), as the queue's intake expands it
+        for rec in lifecycle.submitted_jobs(msg, now, trace):
+            if rec.id not in self.records:
+                self.records[rec.id] = rec
+                self.touched.add(rec.id)
 
     def logged(self, msg: lifecycle.Logged) -> None:
         if isinstance(msg, Committed):

@@ -28,16 +28,18 @@ import msgspec
 import nats.js.errors
 
 from services.queue.dry_run import reply_of
+from services.queue.gate import Gate
 from services.queue.rebuild import rebuild_view
 from services.queue.usage import UsageKeeper
 from shared import lifecycle
 from shared.bus import Outgoing, Retry
 from shared.core import Allocate, ClusterState, CycleConfig, JobSpec, Pending, Preempt, Reserve, Resize, Scheduler
 from shared.core.dry_run import dry_run
+from shared.core.eligibility import Sifted
 from shared.held import HeldState, occupy, reserved_domains
 from shared.held_view import HeldView
 from shared.job_cache import CHANGES_LISTED, JobCache
-from shared.jobs import body_segments, launch_of, record_spec
+from shared.jobs import body_segments, record_launch, record_spec
 from shared.launch import master_port
 from shared.liveness import Hearing, observe, overdue
 from shared.runtime import Deps, Service, in_groups
@@ -157,6 +159,7 @@ class QueueService(Service):
         self.instance = uuid.uuid4().hex[:12]
         self.cycles = 0
         self._topo = TopologyView(deps.store)
+        self.gate = Gate(deps.store, deps.bus.js, deps.names)  # dependencies, singletons, arrays' %N (gate.py)
         self.jobs = JobCache(deps.store)  # the records this replica last read or wrote: decided on without a read
         self.held = HeldView()  # allocations as placement's events tell them (full reads on the timer)
         self._held_state = HeldState()  # the cycle's state of held GPUs, kept between cycles
@@ -274,6 +277,9 @@ class QueueService(Service):
             await self.on_move_abort(msg)
 
     async def on_submit(self, msg: JobSubmitted, headers: Mapping[str, str]) -> None:
+        if msg.spec.array is not None:
+            await self._submit_array(msg, headers)
+            return
         rec = lifecycle.submitted(msg, self.now(), headers.get("traceparent", ""))
         stored, _ = await self.jobs.create(rec)  # a redelivery finds the job stored: nothing changes
         # The event goes out also on redelivery (it may not have gone out). Its PUB is on the wire before the
@@ -282,10 +288,31 @@ class QueueService(Service):
         self.wake()
         await emitted
 
+    async def _submit_array(self, msg: JobSubmitted, headers: Mapping[str, str]) -> None:
+        """An array's submit: a record and a pending event for each of its tasks (`lifecycle.submitted_jobs`).
+        The array's index of task ids is written after every task's record, so whoever finds the array (the
+        gateway, to read, cancel or depend on it) finds all of its tasks; until then its id is "not recorded
+        yet", as a job's is. A redelivery writes what is missing and announces every task again (msg ids dedupe)."""
+        recs = lifecycle.submitted_jobs(msg, self.now(), headers.get("traceparent", ""))
+        if not recs:
+            log.error("job %s: array %r doesn't parse; the submit is dropped", msg.job_id, msg.spec.array)
+            return
+        stored: list[JobRecord] = []
+
+        async def create(rec: JobRecord) -> None:
+            stored.append((await self.jobs.create(rec))[0])
+
+        await in_groups([create(r) for r in recs], CYCLE_WRITES_AT_ONCE)
+        await self.store.index_array(msg.job_id, [r.id for r in recs])
+        # announced before the cycle may decide on them, so each task's pending event is its first
+        await self.bus.publish_all([self.event(r, headers) for r in sorted(stored, key=lambda r: r.array_index or 0)])
+        self.wake()
+
     async def on_cancel(self, msg: JobCancel) -> None:
         now = self.now()
         rec, changed = await self._update(msg.job_id, lambda r: lifecycle.cancelled(r, msg, now))
         if rec is None:
+            await self._cancel_array(msg)
             return
         if rec.state is JobState.CANCELLED:
             # the event goes out before the release, so the log never shows a GPU freed before it is
@@ -294,6 +321,18 @@ class QueueService(Service):
             await self.release(rec, msg.reason)
         if changed:
             self.wake()
+
+    async def _cancel_array(self, msg: JobCancel) -> None:
+        """A cancel naming an array (no job has its id): every task of it that hasn't ended. (The array's index is
+        written after its tasks: a task found missing is one no rebuild has written back yet; it comes back.)"""
+        tasks = await self.store.array_task_ids(msg.job_id)
+        if not tasks:
+            return
+        await in_groups(
+            [self.on_cancel(JobCancel(job_id=t, at=msg.at, reason=msg.reason)) for t in tasks], CYCLE_WRITES_AT_ONCE
+        )
+        if len(await self.store.get_jobs(tasks)) < len(tasks):
+            raise Retry(f"array {msg.job_id}: not every task is recorded yet")
 
     # -- events in -----------------------------------------------------------------------------------------
     async def on_event(self, ev: Any, headers: Mapping[str, str]) -> None:
@@ -586,9 +625,13 @@ class QueueService(Service):
         if known is None:
             return  # no GPU node has registered yet: jobs keep waiting with their intake reason
         topo = known[0]
-        state, jobs, pending, late = self._cycle_inputs(now)
+        state, jobs, undecided, late = self._cycle_inputs(now)
         for rec in late:
             await self._expire_inflight(rec, now)
+        # dependencies, singletons and arrays' %N hold jobs out of the cycle (they never block the others)
+        sifted = await self.gate.sift(undecided, self.jobs.view(), self.held.by_job())
+        await self._hold_back(sifted, jobs, now)
+        pending: list[JobSpec] = [record_spec(undecided[j]) for j in sifted.eligible]
         if not pending:
             return
         if not self._taken_over:
@@ -618,10 +661,12 @@ class QueueService(Service):
         await in_groups(writes, CYCLE_WRITES_AT_ONCE)
         await self._share_reservations(topo, now)
 
-    def _cycle_inputs(self, now: float) -> tuple[ClusterState, dict[str, JobRecord], list[JobSpec], list[JobRecord]]:
+    def _cycle_inputs(
+        self, now: float
+    ) -> tuple[ClusterState, dict[str, JobRecord], dict[str, JobRecord], list[JobRecord]]:
         """What a cycle decides on (the dry run too, so both decide on the same): the state of held GPUs, the
-        pending records (kept as they are now: the decisions await), the specs to decide and the records whose
-        order is overdue (`_expire_inflight`). Call `_note_changes` first.
+        pending records (kept as they are now: the decisions await), the records to decide (before the gate's
+        sift) and the records whose order is overdue (`_expire_inflight`). Call `_note_changes` first.
 
         Only the jobs whose allocation or record changed since the last sync are applied (`HeldState`); the ids
         were noted before this view is read, so none changes unnoticed. The view is live (no copy of every active
@@ -634,7 +679,7 @@ class QueueService(Service):
         self._unsynced = set()
         jobs = self.jobs.pending()
         held = {job_id for job_id in jobs if job_id in allocations}  # as synced (`allocations` is live)
-        pending: list[JobSpec] = []
+        undecided: dict[str, JobRecord] = {}
         late: list[JobRecord] = []
         for rec in jobs.values():
             if rec.id in held:
@@ -646,8 +691,8 @@ class QueueService(Service):
                 else:
                     late.append(rec)
                 continue
-            pending.append(record_spec(rec))
-        return state, jobs, pending, late
+            undecided[rec.id] = rec
+        return state, jobs, undecided, late
 
     # -- dry runs (services/queue/dry_run.py) ----------------------------------------------------------------
     async def _on_dry_run(self, req: DryRunRequest, msg: Any) -> None:
@@ -673,7 +718,9 @@ class QueueService(Service):
             elif self._foreign and (unknown := await self.store.undecided_job_ids() - self.jobs.ids()):
                 await self.jobs.read(unknown)  # another replica's (the next cycle reads them too)
             submitted = JobSubmitted(job_id=req.job_id, spec=req.spec, submitted_at=req.submitted_at)
-            candidate = record_spec(lifecycle.submitted(submitted, now))
+            # an array's first task stands for the array: its tasks differ only in their index
+            first = lifecycle.submitted_jobs(submitted, now)[0]
+            candidate = record_spec(first)
             known = await self._topology()
             if known is None:
                 return DryRunReply(
@@ -683,8 +730,16 @@ class QueueService(Service):
             if not self._taken_over:
                 await self._take_over(topo)
             self._note_changes()
-            state, _, pending, _ = self._cycle_inputs(now)
-            got = dry_run(self.scheduler, state, pending, candidate, now, reuse_forecasts=True)
+            state, _, undecided, _ = self._cycle_inputs(now)
+            # the gate's verdicts as the next cycle would give them, the job among the waiting ones
+            sifted = await self.gate.sift({**undecided, first.id: first}, self.jobs.view(), self.held.by_job())
+            if first.id in sifted.doomed:
+                return DryRunReply(ok=True, start="never", gpus=candidate.gpus, reason=sifted.doomed[first.id])
+            if first.id in sifted.held:
+                return DryRunReply(ok=True, start="later", gpus=candidate.gpus, reason=sifted.held[first.id])
+            pending = [record_spec(undecided[j]) for j in sifted.eligible if j != first.id]
+            usage = self.usage.shares(now, {spec.tenant for spec in pending} | {candidate.tenant})
+            got = dry_run(self.scheduler, state, pending, candidate, now, usage, reuse_forecasts=True)
             return reply_of(got, topo, candidate)
 
     def _note_changes(self) -> None:
@@ -743,7 +798,7 @@ class QueueService(Service):
             duration_s=max(0.0, rec.spec.duration_s - rec.ran_s),
             decided_at=now,
             restore=rec.checkpoint,
-            launch=launch_of(rec.spec),
+            launch=record_launch(rec),
             domains=[domain_of.get(ng.node, "") for ng in nodes],
             segments=[i // per_segment if per_segment else 0 for i in range(len(nodes))],
             master_port=master_port(rec.id, rec.attempt),
@@ -908,6 +963,15 @@ class QueueService(Service):
             headers=_trace(rec),
         )
         self.wake()
+
+    async def _hold_back(self, sifted: Sifted, jobs: Mapping[str, JobRecord], now: float) -> None:
+        """The jobs the gate holds out of the cycle: each held one's reason said, each doomed one cancelled (a
+        dependency that can never be met), with why."""
+        writes: list[Coroutine[Any, Any, None]] = [
+            self._set_reason(j, reason, now) for j, reason in sifted.held.items() if jobs[j].reason != reason
+        ]
+        writes += [self.on_cancel(JobCancel(job_id=j, at=now, reason=why)) for j, why in sifted.doomed.items()]
+        await in_groups(writes, CYCLE_WRITES_AT_ONCE)
 
     async def _set_reason(self, job_id: str, reason: str, now: float) -> None:
         await self._update(job_id, lambda r: lifecycle.pending_reason(r, reason, now))

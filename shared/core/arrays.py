@@ -59,6 +59,15 @@ def parse_array(text: str) -> ArraySpec:
     return ArraySpec(indices=tuple(sorted(seen)), limit=limit)
 
 
+TASK_ORDER_S = 1e-6  # an array's tasks count as submitted this far apart, by index: they list and start in order
+
+
+def task_order(submitted_at: float, index: int) -> float:
+    """When a task counts as submitted, for ordering: its array's submit time, the tasks apart by index (ids
+    alone would put `abc_10` before `abc_2`)."""
+    return submitted_at + index * TASK_ORDER_S
+
+
 def task_id(array_id: str, index: int) -> str:
     return f"{array_id}{TASK_SEPARATOR}{index}"
 

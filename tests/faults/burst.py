@@ -16,6 +16,7 @@ import time
 from types import TracebackType
 from typing import Any, Self
 
+from tests.faults.workflows import Workflows
 from tests.history import Recorder, Refused
 
 OK_CMD = ["python3", "-c", "import sys; sys.exit(0)"]
@@ -55,8 +56,8 @@ class Burst:
     """Submit `bodies` at `rate_per_s` (at most `concurrency` at once) while `readers` read accepted jobs back.
 
     `async with Burst(rec, bodies) as burst:` starts it; leaving the block waits until every body was accepted
-    (each retried for up to `deadline_s`; one answered 4xx is given up and kept in `refused`) and stops the
-    readers. Inside, `await burst.wait_accepted(n)`
+    (each retried for up to `deadline_s`; one answered 4xx is given up and kept in `refused`), and the
+    `workflows` too when given, and stops the readers. Inside, `await burst.wait_accepted(n)`
     paces a fault against the load."""
 
     def __init__(
@@ -69,8 +70,10 @@ class Burst:
         readers: int = 2,
         read_every_s: float = 0.1,
         deadline_s: float = 120.0,
+        workflows: Workflows | None = None,
     ) -> None:
         self.rec = rec
+        self.workflows = workflows  # arrays and dependencies submitted beside the bodies (tests/faults/workflows.py)
         self.bodies = bodies
         self.rate_per_s = rate_per_s
         self.concurrency = concurrency
@@ -131,7 +134,15 @@ class Burst:
                 self.spec[job_id] = body
                 self._accepted.notify_all()
 
-        await asyncio.gather(*(one(i, b) for i, b in enumerate(self.bodies)))
+        beside = [self._workflows()] if self.workflows is not None else []
+        await asyncio.gather(*(one(i, b) for i, b in enumerate(self.bodies)), *beside)
+
+    async def _workflows(self) -> None:
+        assert self.workflows is not None
+        try:
+            await self.workflows.submit()
+        except Refused as e:
+            self.refused.append(str(e))
 
     async def _read(self) -> None:
         n = 0

@@ -17,6 +17,7 @@ import msgspec
 from shared.schemas import AGENT_COMMANDS, JobState, RankExited, RankStarted, StartRank
 from tests.e2e.conftest import E2E, TERMINAL, wait_until
 from tests.faults.burst import Burst, mixed_burst
+from tests.faults.workflows import Workflows
 from tests.history import History, Logged, Recorder, check, summary
 
 JOBS = 100  # the burst of every fault test, on 2 NVLink domains of 18 four-GPU nodes
@@ -137,6 +138,13 @@ def plant_double_booking(history: History) -> History:
     )
 
 
+def plant_early_start(history: History, job: str) -> History:
+    """The history with `job`'s first `placed` event copied to the head of the log: it started before anything it
+    waited for had ended (to show the arrays and dependencies checks catch it)."""
+    first = next(le for le in history.job_events if le.event.job_id == job and le.event.state is JobState.PLACED)
+    return dataclasses.replace(history, job_events=[Logged(0, first.at, first.event), *history.job_events])
+
+
 async def jobs_at_end(e2e: E2E, ids: list[str], timeout: float) -> dict[str, dict[str, Any]]:
     """The jobs' views once every one is terminal, or whatever they are at the deadline (errors ignored): for
     faults whose outcome the history checker judges, so a stuck job doesn't end the test before it."""
@@ -153,20 +161,34 @@ async def jobs_at_end(e2e: E2E, ids: list[str], timeout: float) -> dict[str, dic
 
 
 async def finish(e2e: E2E, rec: Recorder, burst: Burst, end_wait_s: float = 60.0) -> dict[str, dict[str, Any]]:
-    """Give the jobs `end_wait_s` to end and the system to settle, then assert the history sound and every
-    submit accepted; the jobs' views at the end."""
-    jobs = await jobs_at_end(e2e, burst.accepted, end_wait_s)
+    """Give the jobs `end_wait_s` to end and the system to settle, then assert the history sound (the burst's
+    workflows too: arrays within their caps, dependants after what they waited for) and every submit accepted;
+    the burst's jobs' views at the end."""
+    side = burst.workflows.jobs if burst.workflows is not None else []
+    jobs = await jobs_at_end(e2e, [*burst.accepted, *side], end_wait_s)
     with contextlib.suppress(AssertionError):
         await settled(e2e, timeout=20)
     history = await rec.history(e2e.nc, e2e.names)
     assert_sound(history)
     assert not burst.refused, f"{len(burst.refused)} valid submits refused, e.g. {burst.refused[:3]}"
-    return jobs
+    assert_workflows(burst, history, jobs)
+    return {j: v for j, v in jobs.items() if j in burst.spec}
+
+
+def assert_workflows(burst: Burst, history: History, views: dict[str, dict[str, Any]]) -> None:
+    """The burst's arrays and dependencies as the history shows them (tests/faults/workflows.py)."""
+    if burst.workflows is None:
+        return
+    violations = burst.workflows.check(history, views)
+    assert not violations, f"{len(violations)} violations by arrays and dependencies, e.g.:\n" + "\n".join(
+        violations[:10]
+    )
 
 
 async def under_burst(e2e: E2E, seed: int) -> tuple[Recorder, Burst]:
-    """A recorder whose warm-up job succeeded (the system serves), and the burst to run under the fault."""
+    """A recorder whose warm-up job succeeded (the system serves), and the burst to run under the fault, with
+    arrays and dependencies beside it."""
     rec = Recorder(e2e.http, lambda: e2e.url)
     warm = await rec.submit({"name": "warm-up", "tenant": "alpha", "gpus": 1, "duration_s": 0.05})
     await e2e.wait_state(warm, {"succeeded"})
-    return rec, Burst(rec, mixed_burst(JOBS, seed=seed))
+    return rec, Burst(rec, mixed_burst(JOBS, seed=seed), workflows=Workflows(rec))

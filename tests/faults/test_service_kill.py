@@ -8,7 +8,8 @@ it is back: the client retries its submits with an Idempotency-Key, as a client 
 
 The history checker (tests/history.py) proves the run sound: every accepted job readable and terminal, no
 job on two allocations at once, no GPU in two live allocations, no 5xx outside the fault window. On top, no
-node failed, so every job succeeds and none that can't be moved ran a second attempt.
+node failed, so every job succeeds and none that can't be moved ran a second attempt; and the arrays and
+dependencies submitted beside the burst (tests/faults/workflows.py) kept their caps and order.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from tests.e2e.conftest import E2E, StackFactory, service_errors
 from tests.faults.burst import Burst, mixed_burst
 from tests.faults.harness import (
     assert_sound,
+    assert_workflows,
     freeze_kill_restart,
     plant_double_booking,
+    plant_early_start,
     settled,
     victim_process,
     wait_ready,
 )
+from tests.faults.workflows import Workflows
 from tests.history import Recorder, check, reruns
 
 pytestmark = pytest.mark.asyncio
@@ -54,7 +58,8 @@ async def test_sigkill_and_restart_under_a_burst_loses_nothing_and_runs_nothing_
     warm = await rec.submit({"name": "warm-up", "tenant": "alpha", "gpus": 1, "duration_s": 0.05})
     await e2e.wait_state(warm, {"succeeded"})
 
-    async with Burst(rec, mixed_burst(JOBS, seed=SEEDS[victim])) as burst:
+    workflows = Workflows(rec)  # arrays and dependencies beside the burst
+    async with Burst(rec, mixed_burst(JOBS, seed=SEEDS[victim]), workflows=workflows) as burst:
         await burst.wait_accepted(KILL_AFTER)
         async with rec.fault(f"sigkill {victim}"):
             await freeze_kill_restart(e2e, victim, FROZEN_S, DOWN_S)
@@ -62,7 +67,8 @@ async def test_sigkill_and_restart_under_a_burst_loses_nothing_and_runs_nothing_
     assert not burst.refused, burst.refused[:5]
     assert len(accepted) == JOBS + 1
 
-    jobs = await e2e.wait_terminal(accepted, timeout=120)
+    every = await e2e.wait_terminal([*accepted, *workflows.jobs], timeout=120)
+    jobs = {j: every[j] for j in accepted}
     # redelivered messages may still be on their way: once placement handled every order and the agents
     # answered every StartRank, a late second run would be in the history
     await settled(e2e)
@@ -71,6 +77,11 @@ async def test_sigkill_and_restart_under_a_burst_loses_nothing_and_runs_nothing_
     # and the checker is not blind on this history: one GPU double-booked in it is caught, in the log and on the node
     caught = [v for v in check(plant_double_booking(history)) if v.startswith("(c)") and "planted" in v]
     assert len(caught) >= 2, caught
+    assert_workflows(burst, history, every)
+    # ... nor to a dependant that started before the array it waited for had ended
+    after_sweep = next(j for j, d in workflows.depends.items() if d.startswith("afterany:"))
+    early = workflows.check(plant_early_start(history, after_sweep), every)
+    assert any(v.startswith(f"(f) {after_sweep} placed at event #0 before afterany:") for v in early), early
 
     bad = {i: (j["state"], j["reason"]) for i, j in jobs.items() if j["state"] != "succeeded"}
     assert not bad, f"{len(bad)} jobs did not succeed: {dict(list(bad.items())[:10])}"

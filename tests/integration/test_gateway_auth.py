@@ -190,6 +190,32 @@ async def test_a_script_without_an_account_is_the_tokens_tenants(gw: Gw) -> None
     assert (await gw.client.post("/v1/jobs", data=other, headers={**bearer(ALICE), **shell})).status == 403
 
 
+async def test_another_tenants_array_and_jobs_are_not_there_for_a_user(gw: Gw) -> None:
+    """An array's id, its tasks and a dependency: another tenant's are answered as ids that don't exist."""
+    spec = JobBody(name="sweep", tenant="bob", gpus=4, array="0-1")
+    for i in range(2):
+        rec = JobRecord(id=f"arr_{i}", spec=spec, state=JobState.RUNNING, array_id="arr", array_index=i)
+        await gw.deps.store.put_job(rec, new=True)
+    await gw.deps.store.index_array("arr", ["arr_0", "arr_1"])
+    await gw.job("bob1", "bob")
+    read = await gw.client.get("/v1/jobs/arr", headers=bearer(ALICE))
+    assert read.status == 404 and (await read.json())["error"] == "unknown job arr"
+    assert (await gw.client.delete("/v1/jobs/arr", headers=bearer(ALICE))).status == 404
+    listed = await gw.client.get("/v1/jobs", params={"array": "arr"}, headers=bearer(ALICE))
+    assert (await listed.json())["total"] == 0
+    for dependency in ("afterok:bob1", "afterany:arr", "afterok:arr_0"):
+        job = {"name": "x", "tenant": "alice", "gpus": 4, "dependency": dependency}
+        resp = await gw.client.post("/v1/jobs", json=job, headers=bearer(ALICE))
+        assert resp.status == 422 and (await resp.json())["field"] == "dependency", dependency
+    assert await gw.count(gw.names.job_submit) == await gw.count(gw.names.job_cancel) == 0
+    # bob (and an admin) see them
+    theirs = await gw.client.get("/v1/jobs/arr", headers=bearer(BOB))
+    assert "GET /v1/jobs?array=arr" in (await theirs.json())["error"]
+    job = {"name": "x", "tenant": "bob", "gpus": 4, "dependency": "afterok:arr,afterany:bob1"}
+    assert (await gw.client.post("/v1/jobs", json=job, headers=bearer(BOB))).status == 202
+    assert (await gw.client.delete("/v1/jobs/arr", headers=bearer(ADMIN))).status == 202
+
+
 async def test_only_an_admin_drains(gw: Gw) -> None:
     user = await gw.client.post("/v1/nodes/n1/drain", headers=bearer(ALICE))
     assert user.status == 403 and (await user.json())["error"]

@@ -110,6 +110,17 @@ async def test_every_service_does_its_work_within_its_permissions(
                 return r.status == 200 and (await r.json())["state"] == "succeeded"
 
         await wait_until(done, f"job {job} succeeded under per-service NATS users")
+        # a dependant: the queue reads the end it waited for back from the log (the last event on its subject)
+        body = {"name": "d", "tenant": "a", "gpus": 4, "duration_s": 0.1, "dependency": f"afterok:{job}"}
+        async with http.post(f"{url}/v1/jobs", json=body) as r:
+            assert r.status == 202, await r.text()
+            dependant = (await r.json())["id"]
+
+        async def ran() -> bool:
+            async with http.get(f"{url}/v1/jobs/{dependant}") as r:
+                return r.status == 200 and (await r.json())["state"] == "succeeded"
+
+        await wait_until(ran, f"job {dependant} (afterok:{job}) succeeded under per-service NATS users")
         async with http.post(f"{url}/v1/nodes/d00-n03/drain") as r:
             assert r.status == 200, await r.text()  # gateway → inventory request/reply, and inventory's answer
         async with http.post(f"{url}/v1/jobs?dry_run=true", json={"name": "d", "tenant": "a", "gpus": 4}) as r:

@@ -15,6 +15,7 @@ from shared.runtime import Deps
 from shared.schemas import (
     Committed,
     JobBody,
+    JobCancel,
     JobState,
     JobSubmitted,
     NodeGpus,
@@ -81,6 +82,49 @@ async def test_a_running_flexible_elastic_job_keeps_its_layout_and_gpus_through_
     held = await deps.store.allocation("fx")
     assert held is not None and held.nodes == HERE
     assert done.jobs == 1 and done.allocations == 1
+
+
+async def test_an_arrays_tasks_and_a_doomed_dependant_come_back_from_the_log(deps: Deps) -> None:
+    """One submit of an array of 3 (one task ran and succeeded) and a dependant the queue cancelled as never to be
+    met: rebuilt from the log, the same three tasks (their index too, so the array lists and cancels), and the
+    dependant cancelled with its reason (its JobEvent)."""
+    n, bus = deps.names, deps.bus
+    body = JobBody(name="sweep", tenant="t", gpus=8, array="0-4:2%1")
+    submit = JobSubmitted(job_id="arr", spec=body, submitted_at=1.0)
+    await bus.publish(n.job_submit, submit)
+    for rec in lifecycle.submitted_jobs(submit, 1.0):
+        await bus.publish(n.job_event(rec.id), lifecycle.event_of(rec))
+    await bus.publish(n.placement_events, Committed(job_id="arr_2", attempt=1, nodes=HERE, at=2.0))
+    for r in (0, 1):
+        await bus.publish(n.agent_events, RankStarted(job_id="arr_2", attempt=1, node=f"n{r}", rank=r, pid=r, at=3.0))
+    for r in (0, 1):
+        exited = RankExited(job_id="arr_2", attempt=1, node=f"n{r}", rank=r, exit_code=0, at=4.0)
+        await bus.publish(n.agent_events, exited)
+    dep = JobSubmitted(
+        job_id="d", spec=JobBody(name="d", tenant="t", gpus=4, dependency="afternotok:arr"), submitted_at=2.0
+    )
+    await bus.publish(n.job_submit, dep)
+    doomed = lifecycle.cancelled(
+        lifecycle.submitted(dep, 2.0), JobCancel(job_id="d", at=5.0, reason="dependency can never be met: x"), 5.0
+    )
+    assert doomed is not None
+    await bus.publish(n.job_event("d"), lifecycle.event_of(doomed))
+
+    await deps.store.close_view()
+    done = await rebuild.rebuild_view(deps.bus, deps.store, None, time.time())
+    assert done.jobs == 4
+    assert await deps.store.array_task_ids("arr") == ["arr_0", "arr_2", "arr_4"]
+    tasks = {r.id: r for r in await deps.store.get_jobs(["arr_0", "arr_2", "arr_4"])}
+    assert {t: (r.state, r.array_id, r.array_index) for t, r in tasks.items()} == {
+        "arr_0": (JobState.PENDING, "arr", 0),
+        "arr_2": (JobState.SUCCEEDED, "arr", 2),
+        "arr_4": (JobState.PENDING, "arr", 4),
+    }
+    assert await deps.store.get_job("arr") is None  # the array's id is no job
+    rec = await deps.store.get_job("d")
+    assert rec is not None and (rec.state, rec.reason) == (JobState.CANCELLED, "dependency can never be met: x")
+    page, total = await deps.store.list_jobs(array="arr")
+    assert [r.id for r in page] == ["arr_0", "arr_2", "arr_4"] and total == 3
 
 
 async def test_a_log_read_short_writes_nothing_and_leaves_the_view_closed(

@@ -458,6 +458,44 @@ def test_commands_over_http(api: tuple[str, type[_Canned]]) -> None:
     assert run_cli("undrain", "d00-n01", "--url", url)[:2] == (0, "d00-n01: up")
 
 
+def test_arrays_and_dependencies_over_http(api: tuple[str, type[_Canned]]) -> None:
+    url, handler = api
+    task = {
+        "id": f"{JOB_A}_3", "name": "sweep", "tenant": "me", "state": "pending", "gpus": 4, "gpus_per_node": None,
+        "topology": {"nvlink": "required", "segment": None, "level": "domain"}, "priority": 0, "exclusive": False,
+        "checkpointable": False, "allocation": [], "submitted_at": 1.0, "started_at": None, "ended_at": None,
+        "updated_at": 1.0, "attempt": 0, "exit_codes": {}, "array_id": JOB_A, "array_index": 3, "array": "0-9%2",
+        "dependency": f"afterok:{JOB_B}", "reason": f"waits for afterok: {JOB_B} (not ended)",
+    }  # fmt: skip
+    not_a_job = f"{JOB_A} is an array of 10 task(s), {JOB_A}_0 … {JOB_A}_9, not a job: list them with ..."
+    handler.routes.update(
+        {
+            ("POST", "/v1/jobs"): (202, json.dumps({"id": JOB_A, "state": "pending"}).encode()),
+            ("GET", "/v1/jobs"): (200, json.dumps({"jobs": [task], "total": 1, "offset": 0}).encode()),
+            ("GET", f"/v1/jobs/{JOB_A}"): (404, json.dumps({"error": not_a_job, "field": None}).encode()),
+            ("GET", f"/v1/jobs/{JOB_A}_3"): (200, json.dumps(task).encode()),
+        }
+    )
+    code, out, _ = run_cli(
+        "submit", "--gpus", "4", "--name", "sweep", "--tenant", "me", "--array", "0-9%2", "-d", f"afterok:{JOB_B}",
+        "--url", url,
+    )  # fmt: skip
+    assert (code, out) == (0, f"{JOB_A}: array submitted (pending); its tasks: rackscale jobs --array {JOB_A}")
+    body = json.loads(handler.seen[-1][3])
+    assert (body["array"], body["dependency"]) == ("0-9%2", f"afterok:{JOB_B}")
+    code, out, _ = run_cli("jobs", "--array", JOB_A, "--url", url)
+    assert code == 0 and f"{JOB_A}_3" in out and "waits for afterok" in out
+    assert handler.seen[-1][1] == f"/v1/jobs?limit=50&offset=0&array={JOB_A}"
+    # `job` of the array's id: its tasks (the 404 says it is an array); of a task: the task, with its array
+    code, out, _ = run_cli("job", JOB_A, "--url", url)
+    assert code == 0 and f"{JOB_A}_3" in out and handler.seen[-1][1] == f"/v1/jobs?limit=500&offset=0&array={JOB_A}"
+    code, out, _ = run_cli("job", f"{JOB_A}_3", "--url", url)
+    assert code == 0 and f"array           task 3 of array {JOB_A} (0-9%2)\n" in out
+    assert f"dependency      afterok:{JOB_B}\npending reason  waits for afterok: {JOB_B} (not ended)\n" in out
+    # a 404 of an id that is no array stays the error it is
+    assert run_cli("job", "nope", "--url", url)[0] == 1
+
+
 def test_api_error_is_a_cli_error() -> None:
     e = ApiError(409, "job x already succeeded", "state")
     assert isinstance(e, CliError) and str(e) == "error: field 'state': job x already succeeded (HTTP 409)"

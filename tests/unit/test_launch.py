@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from shared import launch
-from shared.schemas import Launch, NodeGpus, StartRank
+from shared.schemas import ArrayTask, Launch, NodeGpus, StartRank
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -128,7 +128,33 @@ def test_env_names(name: str, valid: bool, reserved: bool) -> None:
     assert (launch.valid_name(name), launch.reserved(name)) == (valid, reserved)
 
 
+TASK = ArrayTask(array_id="a1", index=7, count=20, first=0, last=19)
+
+
+def test_an_array_task_is_told_its_array_and_other_jobs_nothing_of_arrays() -> None:
+    assert not any(k.startswith(("RACKSCALE_ARRAY_", "SLURM_ARRAY_")) for k in launch.process_env(start(0)))
+    env = launch.process_env(start(0, array=TASK))
+    got = {k: env[k] for k in launch.ARRAY_VARIABLES}
+    assert got == {
+        "RACKSCALE_ARRAY_JOB_ID": "a1",
+        "RACKSCALE_ARRAY_TASK_ID": "7",
+        "RACKSCALE_ARRAY_TASK_COUNT": "20",
+        "RACKSCALE_ARRAY_TASK_MIN": "0",
+        "RACKSCALE_ARRAY_TASK_MAX": "19",
+    }
+    assert not any(k.startswith("SLURM") for k in env)  # the Slurm names only when asked
+    slurm = launch.process_env(start(0, array=TASK, slurm_env=True))
+    assert (slurm["SLURM_ARRAY_JOB_ID"], slurm["SLURM_ARRAY_TASK_ID"], slurm["SLURM_ARRAY_TASK_COUNT"]) == (
+        "a1",
+        "7",
+        "20",
+    )
+    assert (slurm["SLURM_ARRAY_TASK_MIN"], slurm["SLURM_ARRAY_TASK_MAX"]) == ("0", "19")
+    assert "SLURM_ARRAY_TASK_ID" not in launch.process_env(start(0, slurm_env=True))
+
+
 def test_every_contract_variable_is_set_and_the_readme_carries_the_table() -> None:
-    env = launch.process_env(start(0))
+    env = launch.process_env(start(0, array=TASK))
     assert {v.name for v in launch.CONTRACT} <= set(env)
+    assert set(launch.ARRAY_VARIABLES) == {v.name for v in launch.CONTRACT if "ARRAY" in v.name}
     assert launch.contract_table() in README.read_text(), "README's launch contract table drifted: regenerate it"

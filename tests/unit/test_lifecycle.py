@@ -441,3 +441,20 @@ def test_a_record_rebuilt_from_its_log_is_the_record_the_handlers_built(steps: s
         assert _settled(_fold(q.log + q.log)) == _settled(q.rec), f"twice, after {words[:i]}"
         checked += 1
     assert checked >= 3
+
+
+def test_an_array_submit_is_one_record_per_task() -> None:
+    body = JobBody(name="sweep", tenant="t", gpus=4, array="0-4:2,9%2", dependency="afterok:x")
+    recs = lifecycle.submitted_jobs(JobSubmitted(job_id="a", spec=body, submitted_at=5.0), NOW, "tp")
+    assert [(r.id, r.array_id, r.array_index) for r in recs] == [
+        ("a_0", "a", 0),
+        ("a_2", "a", 2),
+        ("a_4", "a", 4),
+        ("a_9", "a", 9),
+    ]
+    assert all((r.state, r.submitted_at, r.trace, r.spec) == (JobState.PENDING, 5.0, "tp", body) for r in recs)
+    plain = lifecycle.submitted_jobs(JobSubmitted(job_id="p", spec=SPEC, submitted_at=5.0), NOW)
+    assert [(r.id, r.array_id, r.array_index) for r in plain] == [("p", "", None)]
+    # an array that doesn't parse (the gateway refuses it) makes nothing, rather than a job of the array's id
+    bad = msgspec.structs.replace(body, array="3-1")
+    assert lifecycle.submitted_jobs(JobSubmitted(job_id="b", spec=bad, submitted_at=5.0), NOW) == []

@@ -86,3 +86,20 @@ def test_messages_of_jobs_the_log_never_submitted_are_counted_not_applied() -> N
     f = LogFold({})
     f.logged(COMMIT)
     assert f.records == {} and f.skipped == 1 and f.unlogged() == []
+
+
+def test_an_array_submit_folds_into_its_tasks_and_their_events_apply() -> None:
+    """The log holds one submit for the array; the fold makes every task, as the queue's intake did, and each
+    task's events apply to it alone."""
+    f = LogFold({}, {"n0": "d0", "n1": "d0"})
+    body = JobBody(name="sweep", tenant="t", gpus=8, array="0-2%1")
+    f.submitted(JobSubmitted(job_id="a", spec=body, submitted_at=1.0), "", 1.0)
+    f.logged(Committed(job_id="a_1", attempt=1, nodes=HERE, at=2.0))
+    assert sorted(f.records) == ["a_0", "a_1", "a_2"]
+    assert [(r.array_id, r.array_index) for r in (f.records[t] for t in ("a_0", "a_1", "a_2"))] == [
+        ("a", 0),
+        ("a", 1),
+        ("a", 2),
+    ]
+    assert f.records["a_1"].state is JobState.PLACED and f.records["a_0"].state is JobState.PENDING
+    assert set(f.allocations()) == {"a_1"}

@@ -382,6 +382,12 @@ class JobView:
     segment: int | None = None
     # elastic: its least (its allocation says the size it has)
     min_gpus: int | None = None
+    # a task of an array: the array's id (its submit's) and this task's index; `array` the body's ("0-99%8")
+    array_id: str | None = None
+    array_index: int | None = None
+    array: str | None = None
+    # what it waits for, as submitted ("afterok:ID,singleton"); the reason says what is left
+    dependency: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
