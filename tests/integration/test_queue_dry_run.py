@@ -138,3 +138,29 @@ async def test_a_dry_run_waits_for_a_cycle_under_way(queue: QueueService) -> Non
         assert not asked.done()
     reply = await asyncio.wait_for(asked, 5)
     assert reply.ok and reply.start == "now"
+
+
+async def test_a_dry_run_is_held_by_its_dependency_as_the_cycle_would_hold_it(queue: QueueService) -> None:
+    """The gate's rules come before the core's decision, in a dry run as in the cycle: a job waiting for another
+    one's end would wait (its reason the gate's), one whose dependency can never be met would never start."""
+    assert await queue._lead()
+    await _running(queue, "a", ["d0-n0"], end=NOW + 600)
+    ended = JobRecord(
+        id="f", spec=JobBody(name="f", tenant="t", gpus=4), state=JobState.FAILED, attempt=1, submitted_at=NOW
+    )
+    await queue.store.put_job(ended, new=True)
+    await queue.run_cycle(full=True)
+
+    def ask(dependency: str) -> DryRunRequest:
+        body = JobBody(name="c", tenant="t", gpus=4, dependency=dependency)
+        return DryRunRequest(job_id="candidate", spec=body, submitted_at=NOW)
+
+    free = await queue.dry_run(ask(""))
+    assert free.ok and free.start == "now", free
+    waits = await queue.dry_run(ask("afterok:a"))
+    assert waits.ok and (waits.start, waits.allocation) == ("later", []) and "afterok: a" in waits.reason, waits
+    assert waits.reason == "waits for afterok: a (not ended)"
+    # f failed (no event of it in the log: the record's word stands), so afterok on it can never be met
+    never = await queue.dry_run(ask("afterok:f"))
+    assert never.ok and never.start == "never" and never.reason == "dependency can never be met: afterok:f failed"
+    assert await queue.store.get_job("candidate") is None and "candidate" not in queue.jobs.ids()
