@@ -471,6 +471,9 @@ class Router:
         bad parameter's 422) is the answer."""
         if "cell" in request.query:
             return await self.forward(request, named_cell(self.cells, request.query["cell"]))
+        formats = request.query.getall("format", [])
+        if len(set(formats)) > 1 or not set(formats) <= {"json", "csv"}:
+            return await self.any_cell(request)  # the cell's 422 names the bad format
         query = [*_without(request.query.items(), "format"), ("format", "json")]
         headers = passed_on(request.headers)
         asks = (self.upstream.call(c, "GET", "/v1/usage", query=query, headers=headers) for c in self.cells.names)
