@@ -24,7 +24,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -147,6 +147,25 @@ def _job(body: bytes, content_type: str) -> JobBody | None:
         return JOB_BODY_JSON.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError, JobFileError):
         return None
+
+
+def _gathered(names: Sequence[str], results: Sequence[Any]) -> tuple[list[Any], dict[str, str], Answer | None]:
+    """One fan-out's results, cell by cell: the values of the cells that answered, the cells that couldn't (why: an
+    outage, or their 503), and the first other refusal (a 401, a bad parameter's 422), which goes back as it is."""
+    values: list[Any] = []
+    missing: dict[str, str] = {}
+    for cell, r in zip(names, results, strict=True):
+        if isinstance(r, CellUnavailable):
+            missing[cell] = r.reason
+        elif isinstance(r, BaseException):
+            raise r
+        elif isinstance(r, Answer) and r.status == 503:
+            missing[cell] = error_of(r).error
+        elif isinstance(r, Answer) and r.status != 200:
+            return values, missing, r
+        else:
+            values.append(r)
+    return values, missing, None
 
 
 def _page(q: Mapping[str, str]) -> tuple[int, int] | None:
@@ -443,23 +462,13 @@ class Router:
         headers = passed_on(request.headers)
         heads = (self._head(c, request.path, key, filters, headers, offset + limit) for c in self.cells.names)
         results = await asyncio.gather(*heads, return_exceptions=True)
-        lists: list[list[Mapping[str, Any]]] = []
-        total = 0
-        missing: dict[str, str] = {}
-        for cell, r in zip(self.cells.names, results, strict=True):
-            if isinstance(r, CellUnavailable):
-                missing[cell] = r.reason
-            elif isinstance(r, BaseException):
-                raise r
-            elif isinstance(r, Answer):
-                if r.status != 503:
-                    return answered(r)
-                missing[cell] = error_of(r).error
-            else:
-                lists.append(r[0])
-                total += r[1]
-        if not lists:
+        pages, missing, refusal = _gathered(self.cells.names, results)
+        if refusal is not None:
+            return answered(refusal)
+        if not pages:
             raise NoCell(missing)
+        lists = [items for items, _ in pages]
+        total = sum(count for _, count in pages)
         if missing:
             log.warning("%s without cells %s", request.path, missing)
         body = {key: merge_page(lists, order, offset, limit), "total": total, "offset": offset, "limit": limit}
@@ -478,22 +487,12 @@ class Router:
         headers = passed_on(request.headers)
         asks = (self.upstream.call(c, "GET", "/v1/usage", query=query, headers=headers) for c in self.cells.names)
         results = await asyncio.gather(*asks, return_exceptions=True)
-        views: list[UsageView] = []
-        missing: dict[str, str] = {}
-        for cell, r in zip(self.cells.names, results, strict=True):
-            if isinstance(r, CellUnavailable):
-                missing[cell] = r.reason
-            elif isinstance(r, BaseException):
-                raise r
-            elif r.status == 503:
-                missing[cell] = error_of(r).error
-            elif r.status != 200:
-                return answered(r)
-            else:
-                views.append(msgspec.json.decode(r.body, type=UsageView))
-        if not views:
+        answers, missing, refusal = _gathered(self.cells.names, results)
+        if refusal is not None:
+            return answered(refusal)
+        if not answers:
             raise NoCell(missing)
-        merged = merge_usage(views)
+        merged = merge_usage([msgspec.json.decode(a.body, type=UsageView) for a in answers])
         extra = {MISSING_HEADER: ",".join(missing)} if missing else None
         if wants_csv(request.query.get("format"), request.headers.get("Accept", "")):
             return web.Response(text=usage_csv(merged), content_type=CSV_TYPE, headers=extra)
