@@ -91,7 +91,10 @@ async def test_a_router_routes_jobs_to_cells_and_shows_them_together(
         # a YAML body (and a script) is routed by its tenant as JSON is
         yaml_body = "name: y\ntenant: homed\ngpus: 4\nduration_s: 0.2\n"
         async with http.post(f"{url}/v1/jobs", data=yaml_body, headers={"Content-Type": "application/yaml"}) as r:
-            assert r.status == 202 and job_cell((await _json(r))["id"]) == "c1", await r.text()
+            assert r.status == 202, await r.text()
+            from_yaml = (await _json(r))["id"]
+        assert job_cell(from_yaml) == "c1"
+        await wait_until(lambda: c1.maybe_job(from_yaml), f"{from_yaml} recorded")  # before the count below
         # a dry run goes where the job would, and takes nothing there
         async with http.get(f"{c1.url}/v1/jobs", params={"tenant": "homed"}) as r:
             before = (await _json(r))["total"]
