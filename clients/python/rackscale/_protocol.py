@@ -147,9 +147,9 @@ class Api:
         req = self.request("POST", "/v1/jobs", body=data, content_type=content_type, headers=headers)
         return Call(req, _accepted)
 
-    def dry_run(self, body: JobBody | Mapping[str, Any]) -> Call[Any]:
+    def dry_run(self, body: JobBody | Mapping[str, Any]) -> Call[types.DryRunView]:
         req = self.request("POST", "/v1/jobs", {"dry_run": True}, body=_job_json(body), content_type="application/json")
-        return Call(req, lambda _, data: _view("DryRunView", data))
+        return Call(req, lambda _, data: decode(types.DryRunView, json.loads(data)))
 
     def get(self, job_id: str) -> Call[JobView]:
         req = self.request("GET", f"/v1/jobs/{_segment(job_id)}", retry=True)
@@ -180,13 +180,13 @@ class Api:
         to: str | date | float | None = None,
         by: str | None = None,
         csv: bool = False,
-    ) -> Call[Any]:
+    ) -> Call[types.UsageView | str]:
         query = {"tenant": tenant, "from": from_, "to": to, "by": by, "format": "csv" if csv else None}
         accept = "text/csv" if csv else "application/json"
         req = self.request("GET", "/v1/usage", query, accept=accept, retry=True)
         if csv:
             return Call(req, lambda _, data: data.decode("utf-8"))
-        return Call(req, lambda _, data: _view("UsageView", data))
+        return Call(req, lambda _, data: decode(types.UsageView, json.loads(data)))
 
     def cluster(self) -> Call[ClusterView]:
         req = self.request("GET", "/v1/cluster", retry=True)
@@ -315,13 +315,6 @@ def _accepted(status: int, data: bytes) -> Accepted:
     """202 Accepted, or 200 with the job's view (an earlier submit with the same Idempotency-Key): its id and state."""
     doc = json.loads(data)
     return Accepted(id=str(doc["id"]), state=str(doc["state"]))
-
-
-def _view(name: str, data: bytes) -> Any:
-    """The answer as the generated view `name`; the JSON as it is while this client's types lack it."""
-    doc = json.loads(data)
-    cls = getattr(types, name, None)
-    return doc if cls is None else decode(cls, doc)
 
 
 def _segment(value: str) -> str:

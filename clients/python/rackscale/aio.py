@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 from rackscale import _protocol as p
 from rackscale import _sse
 from rackscale._http11 import Answer
-from rackscale.types import Accepted, ClusterView, JobBody, JobEvent, JobList, JobView, LogLine
+from rackscale.types import Accepted, ClusterView, DryRunView, JobBody, JobEvent, JobList, JobView, LogLine, UsageView
 
 T = TypeVar("T")
 _OPENED: Any = object()  # what a stream's generator yields once its answer is open (nothing for the caller)
@@ -47,7 +47,7 @@ class AsyncClient:
         call = await asyncio.to_thread(self._api.submit_file, path, idempotency_key)
         return await self._call(call)
 
-    async def dry_run(self, body: JobBody | Mapping[str, Any]) -> Any:
+    async def dry_run(self, body: JobBody | Mapping[str, Any]) -> DryRunView:
         """Where and when the job would start, without submitting it (a DryRunView)."""
         return await self._call(self._api.dry_run(body))
 
@@ -153,7 +153,7 @@ class AsyncClient:
         to: str | date | float | None = None,
         by: str | None = None,
         csv: bool = False,
-    ) -> Any:
+    ) -> UsageView | str:
         """GPU-hours and jobs per tenant and period (a UsageView); `csv`: the same as CSV text."""
         return await self._call(self._api.usage(tenant=tenant, from_=from_, to=to, by=by, csv=csv))
 

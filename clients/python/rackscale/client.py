@@ -13,7 +13,7 @@ from typing import Any, Generic, TypeVar
 
 from rackscale import _protocol as p
 from rackscale import _sse
-from rackscale.types import Accepted, ClusterView, JobBody, JobEvent, JobList, JobView, LogLine
+from rackscale.types import Accepted, ClusterView, DryRunView, JobBody, JobEvent, JobList, JobView, LogLine, UsageView
 
 T = TypeVar("T")
 _OPENED: Any = object()  # what a stream's generator yields once its answer is open (nothing for the caller)
@@ -50,7 +50,7 @@ class Client:
         """Submit a job file as it is: YAML (.yaml/.yml), JSON (.json), else a batch script with #SBATCH lines."""
         return self._call(self._api.submit_file(path, idempotency_key))
 
-    def dry_run(self, body: JobBody | Mapping[str, Any]) -> Any:
+    def dry_run(self, body: JobBody | Mapping[str, Any]) -> DryRunView:
         """Where and when the job would start, without submitting it (a DryRunView)."""
         return self._call(self._api.dry_run(body))
 
@@ -146,7 +146,7 @@ class Client:
         to: str | date | float | None = None,
         by: str | None = None,
         csv: bool = False,
-    ) -> Any:
+    ) -> UsageView | str:
         """GPU-hours and jobs per tenant and period (a UsageView); `csv`: the same as CSV text."""
         return self._call(self._api.usage(tenant=tenant, from_=from_, to=to, by=by, csv=csv))
 
