@@ -28,6 +28,7 @@ from tests.unit.test_properties import (
     random_config,
     random_job,
     random_state,
+    settle,
 )
 
 SEEDS = range(100)
@@ -123,17 +124,7 @@ def scenario(seed: int, policy: str) -> tuple[list[str], Counter[str]]:
         result = sched.cycle(state, list(pending.values()), now, usage, reuse_forecasts=reuse)
         if (why := check_same(dry, result.decisions, candidate.id)) is not None:
             failures.append(f"{where}: {why}")
-        for d in result.decisions:
-            if isinstance(d, Allocate):
-                pending.pop(d.job_id, None)
-            elif isinstance(d, Preempt) and d.job_id in known:
-                pending[d.job_id] = known[d.job_id]
-            elif isinstance(d, Pending) and d.code == "invalid":
-                pending.pop(d.job_id, None)
-        now += rng.uniform(30.0, 1500.0)
-        for a in list(state.allocs.values()):
-            if a.expected_end <= now:
-                state.release(a.job_id)
+        now = settle(state, pending, known, result.decisions, now, rng)
     return failures, seen
 
 

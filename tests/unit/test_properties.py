@@ -27,7 +27,7 @@ import os
 import random
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import pytest
@@ -58,6 +58,7 @@ from shared.core import (
     with_size,
 )
 from shared.core.cycle import HOLD_PREFIX
+from shared.core.decisions import Decision
 
 INF = float("inf")
 POLICIES = ("flat", "tree", "block", "rackscale")
@@ -482,6 +483,30 @@ def scenario_ctx(seed: int, policy: str) -> Ctx:
     return _scenario(seed, policy, True)[1]
 
 
+def settle(
+    state: ClusterState,
+    pending: dict[str, JobSpec],
+    known: Mapping[str, JobSpec],
+    decisions: Sequence[Decision],
+    now: float,
+    rng: random.Random,
+) -> float:
+    """A cycle's decisions applied — started jobs leave the queue, victims of ours come back, invalid ones are
+    dropped — then time moves on and the jobs due by then end; the new time."""
+    for d in decisions:
+        if isinstance(d, Allocate):
+            pending.pop(d.job_id, None)
+        elif isinstance(d, Preempt) and d.job_id in known:
+            pending[d.job_id] = known[d.job_id]
+        elif isinstance(d, Pending) and d.code == "invalid":
+            pending.pop(d.job_id, None)
+    now += rng.uniform(30.0, 1500.0)
+    for a in list(state.allocs.values()):
+        if a.expected_end <= now:
+            state.release(a.job_id)
+    return now
+
+
 def _scenario(seed: int, policy: str, check: bool) -> tuple[list[list[object]], Ctx]:
     rng = random.Random(seed)
     state, health = random_state(rng)
@@ -519,18 +544,7 @@ def _scenario(seed: int, policy: str, check: bool) -> tuple[list[list[object]], 
         if check:
             check_decisions(ctx, config, before, state, specs, result, honours, lent, reserved)
             check_reservations(ctx, config, state, health, specs, result, now, sched.lent, lent, reuse)
-        # apply: started jobs leave the queue, victims of ours come back, invalid ones are dropped
-        for d in result.decisions:
-            if isinstance(d, Allocate):
-                pending.pop(d.job_id, None)
-            elif isinstance(d, Preempt) and d.job_id in known:
-                pending[d.job_id] = known[d.job_id]
-            elif isinstance(d, Pending) and d.code == "invalid":
-                pending.pop(d.job_id, None)
-        now += rng.uniform(30.0, 1500.0)
-        for a in list(state.allocs.values()):
-            if a.expected_end <= now:
-                state.release(a.job_id)
+        now = settle(state, pending, known, result.decisions, now, rng)
     return history, ctx
 
 
