@@ -297,15 +297,16 @@ class QueueService(Service):
         if not recs:
             log.error("job %s: array %r doesn't parse; the submit is dropped", msg.job_id, msg.spec.array)
             return
-        stored: list[JobRecord] = []
 
         async def create(rec: JobRecord) -> None:
-            stored.append((await self.jobs.create(rec))[0])
+            stored, _ = await self.jobs.create(rec)
+            # Each task's pending event leaves as soon as its record is stored, before this coroutine yields: a
+            # cycle already running may decide on the task from then on, and its placed event must come after.
+            # (Announcing the tasks only once all are stored let an early task be placed before its pending.)
+            await self.emit(stored, headers)
 
         await in_groups([create(r) for r in recs], CYCLE_WRITES_AT_ONCE)
         await self.store.index_array(msg.job_id, [r.id for r in recs])
-        # announced before the cycle may decide on them, so each task's pending event is its first
-        await self.bus.publish_all([self.event(r, headers) for r in sorted(stored, key=lambda r: r.array_index or 0)])
         self.wake()
 
     async def on_cancel(self, msg: JobCancel) -> None:

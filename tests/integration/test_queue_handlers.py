@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import nats
+import nats.js.errors
 import pytest
 import pytest_asyncio
 
@@ -32,6 +33,7 @@ from shared.schemas import (
     JobEvent,
     JobRecord,
     JobState,
+    JobSubmitted,
     MoveTicket,
     NodeGpus,
     PlaceOrder,
@@ -224,6 +226,40 @@ async def test_a_job_another_replica_took_in_reaches_the_leaders_kicked_cycle(
         assert "j" in leader.jobs.records()
     finally:
         await deps.close()
+
+
+async def test_an_arrays_task_is_announced_before_a_cycle_can_decide_on_it(queue: QueueService) -> None:
+    # A cycle runs while an array's later tasks are still being written. Every task it can decide on (in what
+    # the queue keeps) must have its pending event logged already, or its placed event could come first.
+    body = JobBody(name="sweep", tenant="t", gpus=1, gpus_per_node=1, array="0-3")
+    create = queue.store.create_job
+    seen: dict[str, list[tuple[str, int]]] = {}
+
+    async def slow_after_the_first(rec: JobRecord) -> tuple[JobRecord, bool]:
+        if rec.array_index:
+            await asyncio.sleep(0.3)  # the first task is stored (and its cycle may run) while these wait
+        return await create(rec)
+
+    async def a_cycle_meanwhile() -> None:
+        await asyncio.sleep(0.15)
+        for job in queue.jobs.pending():  # what the stream holds at this instant (no waiting for more)
+            subject = queue.names.job_event(job)
+            try:
+                last = await queue.bus.js.get_last_msg(queue.names.stream_for(subject), subject)
+            except nats.js.errors.NotFoundError:
+                seen[job] = []
+                continue
+            ev = EVENTS.decode(last.data)
+            assert isinstance(ev, JobEvent)
+            seen[job] = [(str(ev.state), ev.attempt)]
+
+    queue.store.create_job = slow_after_the_first  # type: ignore[method-assign]
+    await asyncio.gather(
+        queue.on_submit(JobSubmitted(job_id="arr", spec=body, submitted_at=NOW), {}), a_cycle_meanwhile()
+    )
+    assert list(seen) == ["arr_0"], seen  # only the first was decidable then
+    assert seen["arr_0"] == [("pending", 0)]
+    assert [await _events(queue, f"arr_{i}") for i in range(4)] == [[("pending", 0)]] * 4
 
 
 async def test_kicks_that_keep_coming_dont_put_the_full_cycle_off(queue: QueueService) -> None:
