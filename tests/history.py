@@ -344,14 +344,17 @@ def log_double_bookings(events: Iterable[Logged | JobEvent]) -> list[str]:
     """(c) in the log: replay JobEvents in stream order; a job holds its `nodes` GPUs from its `placed` event
     until its next event whose state is not placed/running/migrating. Every moment a (node, GPU) is given to
     a job while another holds it, a holding event that contradicts the job's current holding, and a
-    `running` event before any `placed` one."""
+    `running` event while the job holds nothing (before any `placed` one, or after one that let go)."""
     logged = [e if isinstance(e, Logged) else Logged(i, 0.0, e) for i, e in enumerate(events)]
     owner: dict[tuple[str, int], tuple[str, int, float]] = {}  # (node, gpu) → (job, attempt, since)
     holds: dict[str, list[Any]] = {}
     problems: list[str] = []
+    last: dict[str, tuple[str, int, int]] = {}  # job → its previous event: (state, attempt, seq)
     for i, le in enumerate(logged):
         ev, at = le.event, (f" at {_t(le.at)}" if le.at else "")
         where = f"event #{le.seq}{at}"
+        prior_state = last.get(ev.job_id)
+        last[ev.job_id] = (ev.state.value, ev.attempt, le.seq)
         if ev.state in HOLDING:
             if ev.job_id in holds:
                 if holds[ev.job_id] != ev.nodes:
@@ -362,9 +365,16 @@ def log_double_bookings(events: Iterable[Logged | JobEvent]) -> list[str]:
                 continue
             if ev.state is JobState.RUNNING:
                 later = any(e.event.job_id == ev.job_id and e.event.state is JobState.PLACED for e in logged[i:])
+                after = " (its placed event comes later)" if later else " (no placed event after it)"
                 problems.append(
-                    f"{where}: {ev.job_id} running (attempt {ev.attempt}) before any placed event"
-                    + (" (its placed event comes later)" if later else " (no placed event at all)")
+                    f"{where}: {ev.job_id} running (attempt {ev.attempt}) "
+                    + (
+                        f"while holding nothing: its last event was {prior_state[0]} (attempt {prior_state[1]}) "
+                        f"at #{prior_state[2]}"
+                        if prior_state
+                        else "before any placed event"
+                    )
+                    + after
                 )
             holds[ev.job_id] = list(ev.nodes)
             for ng in ev.nodes:

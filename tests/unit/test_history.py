@@ -263,6 +263,21 @@ def test_the_log_check_takes_plain_events_and_flags_running_before_placed() -> N
     assert "n1 GPU 0 given to c (attempt 1) while b (attempt 1) holds it" in problems[2]
 
 
+def test_the_log_check_names_the_event_that_let_go_before_a_running_one() -> None:
+    # an array task's pending event logged after its placed one (the queue announced tasks late): running then
+    # finds the job holding nothing
+    on = [NodeGpus("n1", [0])]
+    ev = [
+        JobEvent(job_id="a_0", state=JobState.PLACED, reason="", at=1, attempt=1, nodes=on),
+        JobEvent(job_id="a_0", state=JobState.PENDING, reason="", at=0, attempt=0),
+        JobEvent(job_id="a_0", state=JobState.RUNNING, reason="", at=2, attempt=1, nodes=on),
+    ]
+    assert log_double_bookings(ev) == [
+        "event #2: a_0 running (attempt 1) while holding nothing: its last event was pending (attempt 0) at #1"
+        " (no placed event after it)"
+    ]
+
+
 @pytest.mark.parametrize("state", [JobState.SUCCEEDED, JobState.PENDING])
 def test_the_log_frees_gpus_on_any_event_that_does_not_hold(state: JobState) -> None:
     ev = [
