@@ -1,7 +1,7 @@
 """The launch contract: the environment every process of a job starts with, the same on every agent.
 
 Pure: a `StartRank` (one node's share of an attempt) and the process's index on its node in, variables out.
-The agents (simulated and NVML) call `process_env`; the README's table is `contract_table()`'s output, and a
+The agents (simulated and NVML) call `process_env`; docs/launch.md's table is `contract_table()`'s output, and a
 job body may not set any name the contract sets (`reserved`).
 
 A job runs one process per node (`per_node`, torchrun style: the node's process starts its own workers and
@@ -215,7 +215,7 @@ def process_env(cmd: StartRank, local_rank: int = 0) -> dict[str, str]:
 
 
 def contract_table(variables: Sequence[Variable] = CONTRACT) -> str:
-    """The README's table (a test checks the README carries it as generated here)."""
+    """docs/launch.md's table (a test checks the page carries it as generated here)."""
     rows = [f"| `{v.name}` | {v.meaning} |" for v in variables]
     return "\n".join(["| variable | meaning |", "| --- | --- |", *rows])
 

@@ -9,7 +9,7 @@ import pytest
 from shared import launch
 from shared.schemas import ArrayTask, Launch, NodeGpus, StartRank
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+LAUNCH_DOC = Path(__file__).resolve().parents[2] / "docs" / "launch.md"
 
 NODES = [NodeGpus("d00-n00", [0, 1, 2, 3]), NodeGpus("d00-n01", [0, 1, 2, 3]), NodeGpus("d00-n02", [2, 3])]
 
@@ -153,8 +153,8 @@ def test_an_array_task_is_told_its_array_and_other_jobs_nothing_of_arrays() -> N
     assert "SLURM_ARRAY_TASK_ID" not in launch.process_env(start(0, slurm_env=True))
 
 
-def test_every_contract_variable_is_set_and_the_readme_carries_the_table() -> None:
+def test_every_contract_variable_is_set_and_the_docs_carry_the_table() -> None:
     env = launch.process_env(start(0, array=TASK))
     assert {v.name for v in launch.CONTRACT} <= set(env)
     assert set(launch.ARRAY_VARIABLES) == {v.name for v in launch.CONTRACT if "ARRAY" in v.name}
-    assert launch.contract_table() in README.read_text(), "README's launch contract table drifted: regenerate it"
+    assert launch.contract_table() in LAUNCH_DOC.read_text(), "docs/launch.md's contract table drifted: regenerate it"
