@@ -17,8 +17,15 @@ The URL is one of
   stay on one node, as on one server.
 
 Options for every form: `socket_timeout` (s, default `SOCKET_TIMEOUT_S`: a read that hangs on a dead host
-ends) and `socket_connect_timeout` (s, default `CONNECT_TIMEOUT_S`). `parse_redis_url` is the one parser
-(`shared.settings` validates with it); `redis_client` builds the client.
+ends), `socket_connect_timeout` (s, default `CONNECT_TIMEOUT_S`) and `max_connections` (a client's pool, per
+server; default `MAX_CONNECTIONS`). `parse_redis_url` is the one parser (`shared.settings` validates with it);
+`redis_client` builds the client.
+
+A service sends many commands at once (a cycle's writes, an array's records, handlers side by side, each burst
+bounded by its own group size). A full redis-py pool doesn't wait for a connection: the next command raises
+`MaxConnectionsError`. redis-py 8.2 pools default to 100 connections (earlier releases to 2**31), and a burst on
+the running system went past 100 and failed handlers and cycles. The pool is set here, well above any process's
+commands in flight, so the bound is ours whichever release is installed.
 
 Every client retries a command that failed on a broken connection or a timeout (a pooled connection the server
 closed: a restart, `CLIENT KILL`, a failover, a server still loading its data) on a fresh connection: up to
@@ -67,8 +74,11 @@ BACKOFF_BASE_S = 0.02
 BACKOFF_CAP_S = 0.25
 CONNECT_TIMEOUT_S = 2.0
 SOCKET_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 1024  # per client and server: past any process's commands in flight (see the module's doc)
 _TIMEOUTS = ("socket_timeout", "socket_connect_timeout")
-_SENTINEL_OPTIONS = (*_TIMEOUTS, "sentinel_username", "sentinel_password")
+_COUNTS = ("max_connections",)
+_CLUSTER_OPTIONS = (*_TIMEOUTS, *_COUNTS)
+_SENTINEL_OPTIONS = (*_CLUSTER_OPTIONS, "sentinel_username", "sentinel_password")
 _FORMS = f"{'|'.join(SCHEMES)}|{SENTINEL_SCHEME}|{CLUSTER_SCHEME}"
 
 # What `redis_client` returns: one server's (or a Sentinel set's primary's) client, or a cluster's. Both take
@@ -133,7 +143,7 @@ def parse_redis_url(url: str) -> RedisTarget:
             raise ValueError(f"names no cluster node ({CLUSTER_SCHEME}://host:port,host:port)")
         if path not in ([], ["0"]):
             raise ValueError(f"names a path, but a cluster has db 0 only: {CLUSTER_SCHEME}://hosts[/0]")
-        options = _options(parts.query, _TIMEOUTS)
+        options = _options(parts.query, _CLUSTER_OPTIONS)
         return RedisTarget(url.strip(), username=username, password=password, options=options, nodes=addresses)
     if not addresses:
         raise ValueError(f"names no Sentinel ({SENTINEL_SCHEME}://host:port,host:port/service/db)")
@@ -157,6 +167,9 @@ def _options(query: str, known: tuple[str, ...]) -> dict[str, str]:
     for key in _TIMEOUTS:
         if key in options:
             _seconds(key, options[key])
+    for key in _COUNTS:
+        if key in options:
+            _count(key, options[key])
     return options
 
 
@@ -186,6 +199,12 @@ def _seconds(key: str, raw: str) -> float:
     return value
 
 
+def _count(key: str, raw: str) -> int:
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"option {key} must be a whole number >= 1")
+    return int(raw)
+
+
 def retry_policy() -> Retry:
     """What every client retries: broken connections and timeouts (redis-py's default errors), on a fresh
     connection, `RETRIES` times with jittered exponential backoff."""
@@ -212,6 +231,7 @@ def redis_client(url: str, **kwargs: Any) -> RedisClient:
         "retry": retry_policy(),
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
         "socket_timeout": SOCKET_TIMEOUT_S,
+        "max_connections": MAX_CONNECTIONS,
         **kwargs,
     }
     if not (target.sentinel or target.cluster):
@@ -220,6 +240,9 @@ def redis_client(url: str, **kwargs: Any) -> RedisClient:
     for key in _TIMEOUTS:
         if key in opts:
             common[key] = _seconds(key, opts[key])
+    for key in _COUNTS:
+        if key in opts:
+            common[key] = _count(key, opts[key])
     auth = {k: v for k, v in (("username", target.username), ("password", target.password)) if v is not None}
     if target.cluster:
         # `retry` is the cluster client's own: it retries a command or pipeline whole, after a fresh slot map

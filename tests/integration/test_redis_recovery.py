@@ -1,6 +1,7 @@
 """The store's Redis client survives broken connections, server restarts and Sentinel failovers.
 
 - `CLIENT KILL` of the store's pooled connections: the next calls succeed, no error surfaces.
+- Hundreds of commands in flight at once on one client: each gets a connection (no "too many connections").
 - A reply lost after the server ran the command (the connection broke on the way back): the retry runs the
   command again, and every store operation still ends as if the reply had come (shared/store.py, "Retry safety").
 - valkey-server SIGKILLed and restarted on its port: the same store works right after, with no new Store.
@@ -91,6 +92,18 @@ async def _kill_clients(admin: aioredis.Redis, name: str) -> int:
         if fields.get("name") == name:
             killed += int(await admin.execute_command("CLIENT", "KILL", "ID", fields["id"]))
     return killed
+
+
+async def test_a_burst_of_commands_in_flight_each_finds_a_connection(redis_url: str, namespace: str) -> None:
+    # A full redis-py pool fails the next command instead of waiting (redis-py 8.2's default pool holds 100): a
+    # service's burst (a cycle's writes beside an array's records beside the handlers) must never meet that.
+    store = _store(redis_url, Names(prefix=namespace))
+    try:
+        keys = [f"{namespace}:empty:{i}" for i in range(300)]
+        # each BLPOP holds its connection until its timeout: all 300 are in flight at once
+        assert await asyncio.gather(*(store.r.blpop([k], timeout=0.2) for k in keys)) == [None] * 300
+    finally:
+        await store.close()
 
 
 async def test_killed_connections_are_replaced_without_an_error(

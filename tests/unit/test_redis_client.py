@@ -14,6 +14,7 @@ from shared.names import Names
 from shared.redis_client import (
     CLUSTER_PORT,
     CONNECT_TIMEOUT_S,
+    MAX_CONNECTIONS,
     RETRIES,
     SENTINEL_PORT,
     SOCKET_TIMEOUT_S,
@@ -91,6 +92,8 @@ def test_bad_cluster_urls_say_what_is_wrong(url: str, reason: str) -> None:
         ("redis+sentinel://s1/m?ssl=true", "unknown option 'ssl'"),
         ("redis+sentinel://s1/m?socket_timeout=soon", "option socket_timeout is not a number of seconds"),
         ("redis+sentinel://s1/m?socket_connect_timeout=0", "option socket_connect_timeout must be > 0"),
+        ("redis+sentinel://s1/m?max_connections=0", "option max_connections must be a whole number >= 1"),
+        ("redis+cluster://n1?max_connections=many", "option max_connections must be a whole number >= 1"),
     ],
 )
 def test_bad_urls_say_what_is_wrong_without_repeating_the_url(url: str, reason: str) -> None:
@@ -110,11 +113,13 @@ async def test_a_one_server_client_retries_and_times_out() -> None:
         kw = _connection_kwargs(client)
         assert kw["retry"].get_retries() == RETRIES
         assert (kw["socket_timeout"], kw["socket_connect_timeout"]) == (SOCKET_TIMEOUT_S, CONNECT_TIMEOUT_S)
+        assert client.connection_pool.max_connections == MAX_CONNECTIONS  # not the library's default
     finally:
         await client.aclose()
-    client = redis_client("redis://127.0.0.1:1/0?socket_timeout=0.5")  # the URL's options win
+    client = redis_client("redis://127.0.0.1:1/0?socket_timeout=0.5&max_connections=7")  # the URL's options win
     try:
         assert _connection_kwargs(client)["socket_timeout"] == 0.5
+        assert client.connection_pool.max_connections == 7
     finally:
         await client.aclose()
 
@@ -128,6 +133,7 @@ async def test_a_sentinel_client_asks_the_sentinels_for_the_primary() -> None:
         assert isinstance(pool, SentinelConnectionPool) and pool.service_name == "cache" and pool.is_master
         kw = _connection_kwargs(client)
         assert (kw["db"], kw["password"], kw["socket_timeout"]) == (2, "pw", 1.0)
+        assert pool.max_connections == MAX_CONNECTIONS
         assert kw["retry"].get_retries() == RETRIES
         hosts = [_connection_kwargs(s) for s in client.sentinel.sentinels]
         assert [(h["host"], h["port"]) for h in hosts] == [("s1", 26380), ("s2", SENTINEL_PORT)]
@@ -147,7 +153,7 @@ async def test_the_store_is_built_on_such_a_client() -> None:
 
 @pytest.mark.asyncio
 async def test_a_cluster_client_starts_from_the_nodes_and_retries_at_its_own_level() -> None:
-    client = redis_client("redis+cluster://:pw@n1:7000,n2?socket_connect_timeout=0.5")
+    client = redis_client("redis+cluster://:pw@n1:7000,n2?socket_connect_timeout=0.5&max_connections=300")
     try:
         assert isinstance(client, RedisCluster)
         assert client.retry.get_retries() == RETRIES  # redis-py gives the nodes' connections none of their own
@@ -156,6 +162,7 @@ async def test_a_cluster_client_starts_from_the_nodes_and_retries_at_its_own_lev
         kw = [n.connection_kwargs for n in nodes]
         assert all(k["password"] == "pw" for k in kw)
         assert all((k["socket_timeout"], k["socket_connect_timeout"]) == (SOCKET_TIMEOUT_S, 0.5) for k in kw)
+        assert [n.max_connections for n in nodes] == [300, 300]  # each node's pool
     finally:
         await client.aclose()
     store = Store.from_url("redis+cluster://n1", Names(prefix="t"))
