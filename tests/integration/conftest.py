@@ -92,22 +92,32 @@ async def nats_client(nats_url: str, namespace: str) -> AsyncIterator[NatsClient
 
 
 @contextlib.asynccontextmanager
-async def service_deps(
-    nats_url: str, redis_url: str, namespace: str, nodes: Mapping[str, str], clock: Callable[[], float]
+async def namespace_deps(
+    settings: Settings, nats_url: str, redis_url: str, clock: Callable[[], float] = time.time
 ) -> AsyncIterator[Deps]:
-    """A service's dependencies under `namespace`, with `nodes` (name -> domain) registered; its keys go after."""
-    names = Names(prefix=namespace)
-    deps = await Deps.connect(Settings(prefix=namespace), "queue", nats_url, redis_url, names, clock=clock)
-    await deps.store.open_view(
-        ViewMark(), time.time()
-    )  # a fresh view of an empty log (the queue opens it when it runs)
-    for node, domain in nodes.items():
-        await deps.store.put_node(NodeRecord(name=node, domain=domain))
+    """A queue's dependencies under `settings.prefix`; its Redis keys and its streams go after (a shared NATS keeps
+    every stream it is given: a LOGS stream reserves its `max_bytes` of the server's JetStream storage, and the
+    reservations of a run's leftovers exhausted it)."""
+    names = Names(prefix=settings.prefix)
+    deps = await Deps.connect(settings, "queue", nats_url, redis_url, names, clock=clock)
     try:
         yield deps
     finally:
-        await deps.store.r.delete(*[k async for k in deps.store.r.scan_iter(names.key_pattern)])
         await deps.close()
+        await delete_redis_namespace(redis_url, settings.prefix)
+        await delete_nats_namespace(nats_url, settings.prefix)
+
+
+@contextlib.asynccontextmanager
+async def service_deps(
+    nats_url: str, redis_url: str, namespace: str, nodes: Mapping[str, str], clock: Callable[[], float]
+) -> AsyncIterator[Deps]:
+    """A service's dependencies under `namespace` (`namespace_deps`), with `nodes` (name -> domain) registered."""
+    async with namespace_deps(Settings(prefix=namespace), nats_url, redis_url, clock) as deps:
+        await deps.store.open_view(ViewMark(), time.time())  # a fresh view of an empty log (the queue opens it)
+        for node, domain in nodes.items():
+            await deps.store.put_node(NodeRecord(name=node, domain=domain))
+        yield deps
 
 
 async def open_store(redis_url: str, namespace: str) -> Store:

@@ -15,11 +15,10 @@ import pytest_asyncio
 
 from services.migration.service import MigrationService
 from services.queue.service import QueueService
-from shared.names import Names
 from shared.runtime import Deps
 from shared.schemas import AllocationRecord, JobBody, JobRecord, JobState, NodeGpus, TopologyBody
 from shared.settings import Settings
-from tests.integration.conftest import service_deps
+from tests.integration.conftest import namespace_deps, service_deps
 
 pytestmark = pytest.mark.asyncio
 
@@ -86,12 +85,9 @@ async def test_the_cycle_places_for_the_planner_only_while_it_defragments(
     nats_url: str, redis_url: str, namespace: str, defrag: str
 ) -> None:
     settings = Settings(prefix=namespace, defrag=defrag)
-    d = await Deps.connect(settings, "queue", nats_url, redis_url, Names(prefix=namespace), clock=lambda: NOW)
-    try:
+    async with namespace_deps(settings, nats_url, redis_url, clock=lambda: NOW) as d:
         assert QueueService(d).scheduler.policy.pin_aware is (defrag == "on")
         assert MigrationService(d).policy.pin_aware is (defrag == "on")
-    finally:
-        await d.close()
 
 
 @pytest.mark.parametrize("failover", [False, True])
@@ -156,10 +152,7 @@ async def test_the_queue_lends_as_its_settings_say(
     nats_url: str, redis_url: str, namespace: str, lend: str, min_nodes: int, lends: bool
 ) -> None:
     settings = Settings(prefix=namespace, lend_reserved=lend, lend_min_nodes=min_nodes)
-    d = await Deps.connect(settings, "queue", nats_url, redis_url, Names(prefix=namespace), clock=lambda: NOW)
-    try:
+    async with namespace_deps(settings, nats_url, redis_url, clock=lambda: NOW) as d:
         scheduler = QueueService(d).scheduler
         assert scheduler.lend is lends  # auto: rackscale's choice, which lends
         assert scheduler.config.lend_min_nodes == min_nodes
-    finally:
-        await d.close()
