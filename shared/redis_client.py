@@ -164,13 +164,15 @@ def _options(query: str, known: tuple[str, ...]) -> dict[str, str]:
         if key not in known:
             raise ValueError(f"has an unknown option {key!r} (known: {', '.join(known)})")
         options[key] = values[-1]
-    for key in _TIMEOUTS:
-        if key in options:
-            _seconds(key, options[key])
-    for key in _COUNTS:
-        if key in options:
-            _count(key, options[key])
+    _numbers(options)  # refused here, with the URL
     return options
+
+
+def _numbers(options: Mapping[str, str]) -> dict[str, float | int]:
+    """The options that are numbers, as numbers (a timeout in seconds, a count); ValueError naming a bad one."""
+    out: dict[str, float | int] = {key: _seconds(key, options[key]) for key in _TIMEOUTS if key in options}
+    out.update({key: _count(key, options[key]) for key in _COUNTS if key in options})
+    return out
 
 
 def _host_port(raw: str, what: str, default_port: int) -> tuple[str, int]:
@@ -237,12 +239,7 @@ def redis_client(url: str, **kwargs: Any) -> RedisClient:
     if not (target.sentinel or target.cluster):
         return aioredis.from_url(target.url, **common)  # options in the URL win over these defaults
     opts = target.options
-    for key in _TIMEOUTS:
-        if key in opts:
-            common[key] = _seconds(key, opts[key])
-    for key in _COUNTS:
-        if key in opts:
-            common[key] = _count(key, opts[key])
+    common.update(_numbers(opts))
     auth = {k: v for k, v in (("username", target.username), ("password", target.password)) if v is not None}
     if target.cluster:
         # `retry` is the cluster client's own: it retries a command or pipeline whole, after a fresh slot map
