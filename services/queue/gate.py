@@ -116,6 +116,15 @@ class Gate:
         ]
         busy_ids = {j for j, r in active.items() if running(r)} | {j for j in holders if j not in candidates}
         busy = [Busy(r.id, r.spec.tenant, r.spec.name, r.array_id) for j in busy_ids if (r := active.get(j))]
+        # pending, yet not decided this cycle (its order was just taken back): it keeps its place in its name's line
+        aside = [
+            self.waiting(r)
+            for j, r in active.items()
+            if r.state is JobState.PENDING
+            and (r.spec.tenant, r.spec.name) in names
+            and j not in candidates
+            and j not in busy_ids
+        ]
         # what the rules ask of the active records is taken now: the awaits below may change them
         live = {j for j, r in active.items() if r.state not in TERMINAL}
         unknown = [j for j in busy_ids if j not in active]
@@ -125,7 +134,7 @@ class Gate:
             for r in await self.store.get_jobs(sorted(unknown)):
                 busy.append(Busy(r.id, r.spec.tenant, r.spec.name, r.array_id))
         arrays = {a: self.arrays[a] for a in named if a in self.arrays}
-        out = sift(waiting, busy, states, arrays)
+        out = sift(waiting, busy, states, arrays, aside)
         out.eligible = [j for j in candidates if j not in out.held and j not in out.doomed]
         return out
 

@@ -74,11 +74,13 @@ def sift(
     busy: Iterable[Busy],
     states: Mapping[str, Status],
     arrays: Mapping[str, Sequence[str]] | None = None,
+    aside: Sequence[Waiting] = (),
 ) -> Sifted:
     """Sort the waiting jobs into eligible, held (with the reason) and doomed (with why).
 
     `busy`: the jobs running or starting; `states`: what is known of each job a dependency names (and of each task
-    of an array one names); `arrays`: the task ids of each array a dependency names."""
+    of an array one names); `arrays`: the task ids of each array a dependency names; `aside`: pending jobs not
+    sifted now (an order just taken back, decided next time) that keep their place in a singleton's line."""
     arrays = arrays or {}
     busy = list(busy)
     out = Sifted()
@@ -93,7 +95,7 @@ def sift(
             out.held[w.id] = "waits for " + "; ".join(wait)
         else:
             free.append(w)
-    free = _singletons(free, busy, waiting, out)
+    free = _singletons(free, busy, [*waiting, *aside], out)
     free = _task_slots(free, busy, out)
     chosen = {w.id for w in free}
     out.eligible = [w.id for w in waiting if w.id in chosen]

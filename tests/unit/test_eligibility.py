@@ -122,6 +122,16 @@ def test_a_singleton_waits_behind_an_earlier_one_held_by_a_dependency() -> None:
     assert out.eligible == [] and "s1 (pending)" in out.held["s2"]
 
 
+def test_a_singleton_set_aside_keeps_its_place_in_line() -> None:
+    # s1's order was just taken back: it isn't sifted this cycle, yet s2 (after it) still waits for it
+    out = sift([waiting("s2", "singleton", order=2)], [], {}, aside=[waiting("s1", "singleton", order=1)])
+    assert out.eligible == [] and out.held == {"s2": "singleton: waits for s1 (pending) of name n"}
+    # one set aside after it, or of another name, holds nothing back; nor is it itself judged
+    later = [waiting("s3", "singleton", order=3), waiting("o", "singleton", order=0, name="other")]
+    out = sift([waiting("s2", "singleton", order=2)], [], {}, aside=later)
+    assert out.eligible == ["s2"] and not out.held
+
+
 def test_a_job_without_the_flag_is_not_held_by_singletons() -> None:
     out = sift([waiting("s", "singleton", order=2), waiting("p", order=3)], [Busy("r", "t", "n")], {})
     assert out.eligible == ["p"]
