@@ -126,6 +126,8 @@ def parse_redis_url(url: str) -> RedisTarget:
     if parts.scheme in SCHEMES:
         if not (parts.netloc or parts.path):
             raise ValueError(f"is not a {_FORMS} URL")
+        # redis-py reads the options; ours are checked here as in the other forms (it would take a pool of 0 as 100)
+        _numbers({key: values[-1] for key, values in parse_qs(parts.query, keep_blank_values=True).items()})
         return RedisTarget(url=url.strip())
     if parts.scheme not in (SENTINEL_SCHEME, CLUSTER_SCHEME):
         raise ValueError(f"is not a {_FORMS} URL")

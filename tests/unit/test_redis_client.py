@@ -94,6 +94,8 @@ def test_bad_cluster_urls_say_what_is_wrong(url: str, reason: str) -> None:
         ("redis+sentinel://s1/m?socket_connect_timeout=0", "option socket_connect_timeout must be > 0"),
         ("redis+sentinel://s1/m?max_connections=0", "option max_connections must be a whole number >= 1"),
         ("redis+cluster://n1?max_connections=many", "option max_connections must be a whole number >= 1"),
+        ("redis://127.0.0.1:6379/0?max_connections=0", "option max_connections must be a whole number >= 1"),
+        ("unix:///tmp/r.sock?db=1&socket_timeout=-1", "option socket_timeout must be > 0"),
     ],
 )
 def test_bad_urls_say_what_is_wrong_without_repeating_the_url(url: str, reason: str) -> None:
