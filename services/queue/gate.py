@@ -116,12 +116,14 @@ class Gate:
         ]
         busy_ids = {j for j, r in active.items() if running(r)} | {j for j in holders if j not in candidates}
         busy = [Busy(r.id, r.spec.tenant, r.spec.name, r.array_id) for j in busy_ids if (r := active.get(j))]
-        # pending, yet not decided this cycle (its order was just taken back): it keeps its place in its name's line
+        # pending, yet not decided this cycle (its order was just taken back, and placement may still commit it
+        # late): it keeps its place in its name's line and its array's slots
+        capped = {r.array_id for r in ruled if self.limit(r) is not None}
         aside = [
             self.waiting(r)
             for j, r in active.items()
             if r.state is JobState.PENDING
-            and (r.spec.tenant, r.spec.name) in names
+            and ((r.spec.tenant, r.spec.name) in names or (r.array_id and r.array_id in capped))
             and j not in candidates
             and j not in busy_ids
         ]

@@ -80,7 +80,8 @@ def sift(
 
     `busy`: the jobs running or starting; `states`: what is known of each job a dependency names (and of each task
     of an array one names); `arrays`: the task ids of each array a dependency names; `aside`: pending jobs not
-    sifted now (an order just taken back, decided next time) that keep their place in a singleton's line."""
+    sifted now (an order just taken back, decided next time) that keep their place in a singleton's line and
+    their array's slots."""
     arrays = arrays or {}
     busy = list(busy)
     out = Sifted()
@@ -96,7 +97,7 @@ def sift(
         else:
             free.append(w)
     free = _singletons(free, busy, [*waiting, *aside], out)
-    free = _task_slots(free, busy, out)
+    free = _task_slots(free, busy, aside, out)
     chosen = {w.id for w in free}
     out.eligible = [w.id for w in waiting if w.id in chosen]
     return out
@@ -168,8 +169,9 @@ def _singletons(free: list[Waiting], busy: list[Busy], waiting: Sequence[Waiting
     return kept
 
 
-def _task_slots(free: list[Waiting], busy: list[Busy], out: Sifted) -> list[Waiting]:
-    """At most `%N` tasks of an array run at once: its free slots go to its waiting tasks in index order."""
+def _task_slots(free: list[Waiting], busy: list[Busy], aside: Sequence[Waiting], out: Sifted) -> list[Waiting]:
+    """At most `%N` tasks of an array run at once: its free slots go to its waiting tasks in index order (a task
+    set aside keeps its turn: its slot stays empty until it is decided)."""
     running: dict[str, int] = defaultdict(int)
     for b in busy:
         if b.array_id:
@@ -178,6 +180,10 @@ def _task_slots(free: list[Waiting], busy: list[Busy], out: Sifted) -> list[Wait
     for w in free:
         if w.array_id and w.limit is not None:
             by_array[w.array_id].append(w)
+    for w in aside:
+        if w.array_id in by_array:
+            by_array[w.array_id].append(w)
+    chosen = {w.id for w in free}
     capped: set[str] = set()
     for array, tasks in by_array.items():
         limit = tasks[0].limit
@@ -186,6 +192,7 @@ def _task_slots(free: list[Waiting], busy: list[Busy], out: Sifted) -> list[Wait
         tasks.sort(key=lambda w: (w.order, w.id))
         nxt = f", {min(slots, len(tasks))} next" if slots else ""
         for w in tasks[slots:]:
-            capped.add(w.id)
-            out.held[w.id] = f"array {array}: {running[array]} of %{limit} running{nxt}"
+            if w.id in chosen:
+                capped.add(w.id)
+                out.held[w.id] = f"array {array}: {running[array]} of %{limit} running{nxt}"
     return [w for w in free if w.id not in capped]

@@ -262,30 +262,40 @@ async def test_an_arrays_task_is_announced_before_a_cycle_can_decide_on_it(queue
     assert [await _events(queue, f"arr_{i}") for i in range(4)] == [[("pending", 0)]] * 4
 
 
-async def test_a_singleton_whose_order_timed_out_keeps_its_turn(nats_url: str, redis_url: str, namespace: str) -> None:
-    # The first of two singletons is ordered, and placement never answers (frozen, then killed). The cycle that
-    # takes the order back must not start the second in its place: the first is pending again, ahead of it.
+@pytest.mark.parametrize("rule", ["singleton", "array"])
+async def test_a_job_whose_order_timed_out_keeps_its_turn(
+    nats_url: str, redis_url: str, namespace: str, rule: str
+) -> None:
+    # The first of two singletons (or of an array's tasks under %1) is ordered, and placement never answers
+    # (frozen, then killed; it may still commit that order late). The cycle that takes the order back must not
+    # start the second in its place: the first is pending again, ahead of it.
     now = [NOW]
     async with service_deps(nats_url, redis_url, namespace, {"n0": "d0"}, clock=lambda: now[0]) as deps:
         queue = QueueService(deps)
-        body = JobBody(name="nightly", tenant="t", gpus=1, gpus_per_node=1, dependency="singleton")
-        for i, job in enumerate(["first", "second"]):
-            await queue.on_submit(JobSubmitted(job_id=job, spec=body, submitted_at=NOW + i), {})
+        if rule == "singleton":
+            body = JobBody(name="nightly", tenant="t", gpus=1, gpus_per_node=1, dependency="singleton")
+            for i, job in enumerate(["first", "second"]):
+                await queue.on_submit(JobSubmitted(job_id=job, spec=body, submitted_at=NOW + i), {})
+            ids, waits = ["first", "second"], "singleton: waits for first (pending) of name nightly"
+        else:
+            body = JobBody(name="sweep", tenant="t", gpus=1, gpus_per_node=1, array="0-1%1")
+            await queue.on_submit(JobSubmitted(job_id="arr", spec=body, submitted_at=NOW), {})
+            ids, waits = ["arr_0", "arr_1"], "array arr: 0 of %1 running, 1 next"
         await queue.run_cycle(full=True)
-        first, second = await queue.store.get_jobs(["first", "second"])
+        first, second = await queue.store.get_jobs(ids)
         assert first.inflight_since is not None and second.inflight_since is None
-        assert second.reason == "singleton: waits for first (pending) of name nightly"  # as the gate saw it
+        assert second.reason == waits  # as the gate saw it before the order
 
         now[0] += INFLIGHT_TIMEOUT_S + 1  # no answer from placement
         await queue.run_cycle(full=True)  # takes the first's order back
-        first, second = await queue.store.get_jobs(["first", "second"])
+        first, second = await queue.store.get_jobs(ids)
         assert (first.state, first.inflight_since) == (JobState.PENDING, None)
-        assert second.inflight_since is None, "the second singleton was ordered while the first waits ahead of it"
-        assert second.reason == "singleton: waits for first (pending) of name nightly"
+        assert second.inflight_since is None, "the second was ordered while the first waits ahead of it"
+        assert second.reason == waits
         await queue.run_cycle(full=True)  # the first's turn again, a new attempt
-        first, second = await queue.store.get_jobs(["first", "second"])
+        first, second = await queue.store.get_jobs(ids)
         assert (first.inflight_since, first.attempt) == (now[0], 2) and second.inflight_since is None
-        assert await _events(queue, "second") == [("pending", 0)]
+        assert await _events(queue, second.id) == [("pending", 0)]
 
 
 async def test_kicks_that_keep_coming_dont_put_the_full_cycle_off(queue: QueueService) -> None:

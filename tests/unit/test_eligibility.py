@@ -162,6 +162,16 @@ def test_an_arrays_cap_gives_its_free_slots_to_the_lowest_indices() -> None:
     assert out.eligible == [] and out.held["arr_3"] == "array arr: 2 of %2 running"
 
 
+def test_a_task_set_aside_keeps_its_slot() -> None:
+    # arr_0's order was just taken back (placement may still commit it late): the free slot stays its own
+    tasks = [task(1), task(2)]
+    out = sift(tasks, [Busy("arr_3", "t", "n", "arr")], {}, aside=[task(0)])
+    assert out.eligible == [] and out.held["arr_1"] == "array arr: 1 of %2 running, 1 next"
+    # one set aside behind the waiting ones, or of another array, takes no slot before them
+    out = sift(tasks, [], {}, aside=[task(7), task(0, array="other")])
+    assert out.eligible == ["arr_1", "arr_2"] and not out.held
+
+
 def test_tasks_held_by_a_dependency_take_no_slot_and_other_arrays_count_apart() -> None:
     tasks = [task(0, dependency="afterok:a"), task(1), task(2), task(0, array="other"), task(1, array="other")]
     out = sift(tasks, [Busy("other_7", "t", "n", "other")], {"a": "waiting"})
@@ -181,7 +191,8 @@ def test_every_job_comes_out_once() -> None:
         waiting("s1", "singleton", order=1),
         waiting("s2", "singleton", order=2),
     ]
-    out = sift(jobs, [Busy("arr_20", "t", "n", "arr")], {"z": "waiting", "f": "failed"})
+    aside = [task(30, limit=3), waiting("s0", "singleton", order=0)]  # never judged: none comes out
+    out = sift(jobs, [Busy("arr_20", "t", "n", "arr")], {"z": "waiting", "f": "failed"}, aside=aside)
     ids = [j.id for j in jobs]
     assert sorted([*out.eligible, *out.held, *out.doomed]) == sorted(ids)
     assert not set(out.eligible) & set(out.held) and not set(out.held) & set(out.doomed)
