@@ -127,7 +127,7 @@ def parse_redis_url(url: str) -> RedisTarget:
         if not (parts.netloc or parts.path):
             raise ValueError(f"is not a {_FORMS} URL")
         # redis-py reads the options; ours are checked here as in the other forms (it would take a pool of 0 as 100)
-        _numbers({key: values[-1] for key, values in parse_qs(parts.query, keep_blank_values=True).items()})
+        _numbers(_query(parts.query))
         return RedisTarget(url=url.strip())
     if parts.scheme not in (SENTINEL_SCHEME, CLUSTER_SCHEME):
         raise ValueError(f"is not a {_FORMS} URL")
@@ -160,12 +160,16 @@ def parse_redis_url(url: str) -> RedisTarget:
     return RedisTarget(url.strip(), addresses, service, db, username, password, options)
 
 
+def _query(query: str) -> dict[str, str]:
+    """The URL's options, each its last value."""
+    return {key: values[-1] for key, values in parse_qs(query, keep_blank_values=True).items()}
+
+
 def _options(query: str, known: tuple[str, ...]) -> dict[str, str]:
-    options: dict[str, str] = {}
-    for key, values in parse_qs(query, keep_blank_values=True).items():
+    options = _query(query)
+    for key in options:
         if key not in known:
             raise ValueError(f"has an unknown option {key!r} (known: {', '.join(known)})")
-        options[key] = values[-1]
     _numbers(options)  # refused here, with the URL
     return options
 

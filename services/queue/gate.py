@@ -121,7 +121,7 @@ class Gate:
         capped = {r.array_id for r in ruled if self.limit(r) is not None}
         aside = [
             self.waiting(r)
-            for j, r in active.items()
+            for j, r in (active.items() if names or capped else ())  # (only afterok & co: no line, no slot)
             if r.state is JobState.PENDING
             and ((r.spec.tenant, r.spec.name) in names or (r.array_id and r.array_id in capped))
             and j not in candidates
